@@ -1,0 +1,152 @@
+"""ApiVersions: reading the client's software name and narrowing the broker's version ranges.
+
+Owns ``parse_api_versions_request`` (client_software_name/version, v3+, KIP-511),
+``narrow_api_versions_response`` (so clients only pick versions pidgate can parse) and
+``proxy_api_version_limits`` (what those versions are, and why). Hand-written because the narrowed
+body must keep everything else byte-for-byte (throttle_time_ms, supported/finalized features and
+any tagged field newer than our schemas). Must not import: asyncio, socket, time, logging,
+structlog, prometheus_client, or any other pidgate package.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kafka.protocol.admin.cluster import DescribeClusterResponse
+from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
+
+from pidgate.protocol._wire import (
+    I16,
+    I32,
+    as_memoryview,
+    need,
+    read_array_len,
+    read_compact_nullable_string,
+    skip_tagged_fields,
+    write_uvarint,
+)
+from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError
+from pidgate.protocol.headers import KNOWN_API_VERSIONS
+
+API_VERSIONS_KEY = 18
+FIRST_FLEXIBLE_API_VERSIONS_VERSION = 3  # KIP-482/KIP-511
+_ENTRY = struct.Struct(">hhh")  # api_key, min_version, max_version
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSoftware:
+    name: str | None
+    version: str | None
+
+
+def _check_version(api_version: int) -> None:
+    if not 0 <= api_version <= KNOWN_API_VERSIONS[API_VERSIONS_KEY][1]:
+        raise UnsupportedApiError(
+            f"ApiVersions (api key 18) version {api_version} is not supported",
+            api_key=API_VERSIONS_KEY,
+            api_version=api_version,
+        )
+
+
+def parse_api_versions_request(
+    body: bytes | bytearray | memoryview, api_version: int
+) -> ClientSoftware:
+    """client_software_name / client_software_version of a v3+ request; both None before v3."""
+    _check_version(api_version)
+    if api_version < FIRST_FLEXIBLE_API_VERSIONS_VERSION:
+        return ClientSoftware(None, None)
+    buf = as_memoryview(body)
+    try:
+        name, pos = read_compact_nullable_string(buf, 0, "client_software_name")
+        version, pos = read_compact_nullable_string(buf, pos, "client_software_version")
+    except (struct.error, IndexError) as exc:
+        raise MalformedMessageError(
+            f"malformed ApiVersions v{api_version} request: {exc}"
+        ) from None
+    return ClientSoftware(name, version)
+
+
+def narrow_api_versions_response(
+    body: bytes | bytearray | memoryview,
+    api_version: int,
+    limits: Mapping[int, tuple[int, int]],
+) -> bytes:
+    """Clamp the broker's [min, max] per api key to ``limits``; drop keys outside them.
+
+    Everything after the api_keys array (throttle_time_ms and the v3+ tagged fields: supported
+    and finalized features, KIP-584) is copied verbatim, as are per-entry tagged fields. An error
+    response is returned unchanged: on UNSUPPORTED_VERSION the broker encodes the body as v0 so
+    that any client can read it (KIP-511), whatever version was asked for.
+    """
+    _check_version(api_version)
+    buf = as_memoryview(body)
+    try:
+        need(buf, 0, 2, "ApiVersions response error_code")
+        if I16.unpack_from(buf, 0)[0] != 0:
+            return bytes(buf)
+        flexible = api_version >= FIRST_FLEXIBLE_API_VERSIONS_VERSION
+        count, pos = read_array_len(buf, 2, flexible, "api_keys")
+        kept: list[bytes] = []
+        for _ in range(count):
+            need(buf, pos, _ENTRY.size, "api_keys entry")
+            api_key, min_version, max_version = _ENTRY.unpack_from(buf, pos)
+            entry_end = pos + _ENTRY.size
+            if flexible:
+                entry_end = skip_tagged_fields(buf, entry_end)
+            limit = limits.get(api_key)
+            if limit is not None:
+                lo = max(min_version, limit[0])
+                hi = min(max_version, limit[1])
+                if lo <= hi:
+                    kept.append(
+                        _ENTRY.pack(api_key, lo, hi) + bytes(buf[pos + _ENTRY.size : entry_end])
+                    )
+            pos = entry_end
+        # Validate (but copy verbatim) the rest: throttle_time_ms (v1+), tagged fields (v3+).
+        tail_end = pos
+        if api_version >= 1:
+            need(buf, tail_end, 4, "throttle_time_ms")
+            tail_end += 4
+        if flexible:
+            tail_end = skip_tagged_fields(buf, tail_end)
+    except (struct.error, IndexError) as exc:
+        raise MalformedMessageError(
+            f"malformed ApiVersions v{api_version} response: {exc}"
+        ) from None
+    count_bytes = write_uvarint(len(kept) + 1) if flexible else I32.pack(len(kept))
+    return b"".join([bytes(buf[0:2]), count_bytes, *kept, bytes(buf[pos:])])
+
+
+# Produce: v3 is the oldest we walk (transactional_id + RecordBatch v2, KIP-98); v13 the newest
+# in the schemas (topic ids, KIP-516).
+_PRODUCE_LIMITS = (3, 13)
+# Fetch v16+ responses may carry node_endpoints (KIP-951). Rewriting those would mean decoding
+# and re-encoding whole fetch responses (megabytes of records), so we stop at v15.
+_FETCH_MAX = 15
+# DescribeQuorum v2 adds nodes[].listeners (KIP-853): broker endpoints we do not rewrite.
+_DESCRIBE_QUORUM_MAX = 1
+
+
+def proxy_api_version_limits() -> dict[int, tuple[int, int]]:
+    """api_key -> (min, max) versions pidgate lets clients use.
+
+    Every api key in Kafka's schemas (known to kafka-python), with these exceptions; keys the
+    schemas do not know are absent and so are dropped from ApiVersions answers, because we
+    could not even parse their request headers' flexibility.
+    """
+    limits = dict(KNOWN_API_VERSIONS)
+    limits[0] = _PRODUCE_LIMITS
+    limits[1] = (limits[1][0], min(limits[1][1], _FETCH_MAX))
+    limits[55] = (limits[55][0], min(limits[55][1], _DESCRIBE_QUORUM_MAX))
+    # Endpoint-bearing responses are decoded and re-encoded with kafka-python's classes, so only
+    # versions those classes know are allowed (today the same as the schemas').
+    for api_key, cls in (
+        (3, MetadataResponse),
+        (10, FindCoordinatorResponse),
+        (60, DescribeClusterResponse),
+    ):
+        max_version = int(cls.max_version)
+        limits[api_key] = (limits[api_key][0], min(limits[api_key][1], max_version))
+    return limits

@@ -1,0 +1,267 @@
+"""Broker endpoints in responses: finding them and rewriting them to pidgate's listeners.
+
+Owns ``BrokerEndpoint``, ``rewrite_endpoints`` and ``endpoints_in_response`` for the responses
+that advertise broker host/port in the versions pidgate allows: Metadata brokers[], FindCoordinator
+(v0-3 single node, v4+ coordinators[], KIP-699), DescribeCluster brokers[] (KIP-700) and Produce
+v10+ node_endpoints (top-level tag 0, KIP-951). Metadata/FindCoordinator/DescribeCluster go through
+kafka-python's classes (rare, small); Produce responses are walked by hand because they are on the
+hot path and almost never carry endpoints. Must not import: asyncio, socket, time, logging,
+structlog, prometheus_client, or any other pidgate package.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.protocol.admin.cluster import DescribeClusterResponse
+from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
+
+from pidgate.protocol._wire import (
+    I32,
+    as_memoryview,
+    encode_compact_nullable_string,
+    encode_tagged_fields,
+    need,
+    read_array_len,
+    read_compact_nullable_string,
+    read_tagged_fields,
+    skip_tagged_fields,
+    write_uvarint,
+)
+from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError
+
+PRODUCE_KEY = 0
+METADATA_KEY = 3
+FIND_COORDINATOR_KEY = 10
+DESCRIBE_CLUSTER_KEY = 60
+ENDPOINT_BEARING_APIS: frozenset[int] = frozenset(
+    {METADATA_KEY, FIND_COORDINATOR_KEY, DESCRIBE_CLUSTER_KEY, PRODUCE_KEY}
+)
+FIRST_PRODUCE_NODE_ENDPOINTS_VERSION = 10  # KIP-951
+FIRST_FIND_COORDINATOR_BATCHED_VERSION = 4  # KIP-699: coordinators[]
+_PRODUCE_NODE_ENDPOINTS_TAG = 0
+_PRODUCE_PARTITION_FIXED_BYTES = 4 + 2 + 8 + 8 + 8  # index, error_code, base_offset, 2 x int64
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerEndpoint:
+    node_id: int
+    host: str
+    port: int
+
+
+EndpointRewriter = Callable[[BrokerEndpoint], tuple[str, int]]
+"""Given a broker's advertised endpoint, return the (host, port) to advertise instead."""
+
+
+def _malformed(api_key: int, api_version: int, exc: Exception) -> MalformedMessageError:
+    return MalformedMessageError(
+        f"malformed response for api key {api_key} version {api_version}: {exc}"
+    )
+
+
+# --- Produce (hand-written) -------------------------------------------------------------------
+
+
+def _produce_top_level_tags_offset(buf: memoryview, api_version: int) -> int:
+    """Offset of the top-level tagged-field section of a flexible ProduceResponse body."""
+    by_id = api_version >= 13
+    pos = 0
+    topics, pos = read_array_len(buf, pos, True, "responses")
+    for _ in range(topics):
+        if by_id:
+            need(buf, pos, 16, "topic_id")
+            pos += 16
+        else:
+            _name, pos = read_compact_nullable_string(buf, pos, "topic name")
+        partitions, pos = read_array_len(buf, pos, True, "partition_responses")
+        for _ in range(partitions):
+            need(buf, pos, _PRODUCE_PARTITION_FIXED_BYTES, "partition response")
+            pos += _PRODUCE_PARTITION_FIXED_BYTES
+            errors, pos = read_array_len(buf, pos, True, "record_errors")
+            for _ in range(errors):
+                need(buf, pos, 4, "batch_index")
+                _msg, pos = read_compact_nullable_string(buf, pos + 4, "batch error message")
+                pos = skip_tagged_fields(buf, pos)
+            _msg, pos = read_compact_nullable_string(buf, pos, "error_message")
+            pos = skip_tagged_fields(buf, pos)  # current_leader (tag 0) lives here
+        pos = skip_tagged_fields(buf, pos)
+    need(buf, pos, 4, "throttle_time_ms")
+    return pos + 4
+
+
+@dataclass(frozen=True, slots=True)
+class _RawNodeEndpoint:
+    endpoint: BrokerEndpoint
+    rack: str | None
+    tagged: bytes  # the entry's own tagged-field section, verbatim
+
+
+def _parse_node_endpoints(raw: memoryview) -> list[_RawNodeEndpoint]:
+    count, pos = read_array_len(raw, 0, True, "node_endpoints")
+    out: list[_RawNodeEndpoint] = []
+    for _ in range(count):
+        need(raw, pos, 4, "node_id")
+        node_id = I32.unpack_from(raw, pos)[0]
+        host, pos = read_compact_nullable_string(raw, pos + 4, "host")
+        need(raw, pos, 4, "port")
+        port = I32.unpack_from(raw, pos)[0]
+        rack, pos = read_compact_nullable_string(raw, pos + 4, "rack")
+        tags_start = pos
+        pos = skip_tagged_fields(raw, pos)
+        out.append(
+            _RawNodeEndpoint(
+                BrokerEndpoint(node_id, host or "", port), rack, bytes(raw[tags_start:pos])
+            )
+        )
+    return out
+
+
+def _encode_node_endpoints(entries: list[_RawNodeEndpoint]) -> bytes:
+    out = [write_uvarint(len(entries) + 1)]
+    for entry in entries:
+        out.append(I32.pack(entry.endpoint.node_id))
+        out.append(encode_compact_nullable_string(entry.endpoint.host))
+        out.append(I32.pack(entry.endpoint.port))
+        out.append(encode_compact_nullable_string(entry.rack))
+        out.append(entry.tagged)
+    return b"".join(out)
+
+
+def _produce_node_endpoints(
+    buf: memoryview, api_version: int
+) -> tuple[int, list[tuple[int, memoryview]], list[_RawNodeEndpoint]] | None:
+    """(tags offset, all top-level tags, parsed node_endpoints) or None if there are none."""
+    if api_version < FIRST_PRODUCE_NODE_ENDPOINTS_VERSION:
+        return None
+    tags_at = _produce_top_level_tags_offset(buf, api_version)
+    if tags_at < len(buf) and buf[tags_at] == 0:
+        return None  # the common case: no top-level tagged fields at all
+    tags, _end = read_tagged_fields(buf, tags_at)
+    for tag, raw in tags:
+        if tag == _PRODUCE_NODE_ENDPOINTS_TAG:
+            return tags_at, tags, _parse_node_endpoints(raw)
+    return None
+
+
+def _rewrite_produce(buf: memoryview, api_version: int, rewrite: EndpointRewriter) -> bytes | None:
+    found = _produce_node_endpoints(buf, api_version)
+    if found is None:
+        return None
+    tags_at, tags, entries = found
+    changed = False
+    new_entries: list[_RawNodeEndpoint] = []
+    for entry in entries:
+        host, port = rewrite(entry.endpoint)
+        if (host, port) != (entry.endpoint.host, entry.endpoint.port):
+            changed = True
+        new_entries.append(
+            _RawNodeEndpoint(
+                BrokerEndpoint(entry.endpoint.node_id, host, port), entry.rack, entry.tagged
+            )
+        )
+    if not changed:
+        return None
+    new_tags = [
+        (
+            tag,
+            _encode_node_endpoints(new_entries)
+            if tag == _PRODUCE_NODE_ENDPOINTS_TAG
+            else bytes(raw),
+        )
+        for tag, raw in tags
+    ]
+    return bytes(buf[:tags_at]) + encode_tagged_fields(new_tags)
+
+
+# --- Metadata / FindCoordinator / DescribeCluster (kafka-python) -------------------------------
+
+_CLASSES: dict[int, Any] = {
+    METADATA_KEY: MetadataResponse,
+    FIND_COORDINATOR_KEY: FindCoordinatorResponse,
+    DESCRIBE_CLUSTER_KEY: DescribeClusterResponse,
+}
+
+
+def _decode(api_key: int, api_version: int, buf: memoryview) -> Any:
+    cls = _CLASSES[api_key]
+    if not 0 <= api_version <= int(cls.max_version):
+        raise UnsupportedApiError(
+            f"api key {api_key} version {api_version} is newer than pidgate can rewrite "
+            f"(max {cls.max_version})",
+            api_key=api_key,
+            api_version=api_version,
+        )
+    try:
+        return cls.decode(buf, version=api_version)
+    except Exception as exc:  # kafka-python raises assorted errors on garbage
+        raise _malformed(api_key, api_version, exc) from None
+
+
+def _endpoint_holders(api_key: int, api_version: int, msg: Any) -> list[tuple[Any, str]]:
+    """(object with host/port, name of its node id attribute) for every live endpoint."""
+    if api_key == METADATA_KEY:
+        return [(b, "node_id") for b in msg.brokers]
+    if api_key == DESCRIBE_CLUSTER_KEY:
+        return [(b, "broker_id") for b in msg.brokers]
+    if api_version < FIRST_FIND_COORDINATOR_BATCHED_VERSION:
+        if msg.error_code != 0 or msg.node_id < 0:
+            return []
+        return [(msg, "node_id")]
+    return [(c, "node_id") for c in msg.coordinators if c.error_code == 0 and c.node_id >= 0]
+
+
+def rewrite_endpoints(
+    api_key: int,
+    api_version: int,
+    body: bytes | bytearray | memoryview,
+    rewrite: EndpointRewriter,
+) -> bytes | None:
+    """The response body with every broker endpoint replaced by ``rewrite(endpoint)``.
+
+    None when this api/version carries no endpoints or nothing changed, so the caller forwards
+    the original bytes.
+    """
+    if api_key not in ENDPOINT_BEARING_APIS:
+        return None
+    buf = as_memoryview(body)
+    if api_key == PRODUCE_KEY:
+        try:
+            return _rewrite_produce(buf, api_version, rewrite)
+        except (struct.error, IndexError, ValueError) as exc:
+            raise _malformed(api_key, api_version, exc) from None
+    msg = _decode(api_key, api_version, buf)
+    changed = False
+    for holder, id_attr in _endpoint_holders(api_key, api_version, msg):
+        endpoint = BrokerEndpoint(int(getattr(holder, id_attr)), str(holder.host), int(holder.port))
+        host, port = rewrite(endpoint)
+        if (host, port) != (endpoint.host, endpoint.port):
+            holder.host = host
+            holder.port = port
+            changed = True
+    if not changed:
+        return None
+    return bytes(msg.encode())
+
+
+def endpoints_in_response(
+    api_key: int, api_version: int, body: bytes | bytearray | memoryview
+) -> tuple[BrokerEndpoint, ...]:
+    """Every live broker endpoint the response advertises (empty if none)."""
+    if api_key not in ENDPOINT_BEARING_APIS:
+        return ()
+    buf = as_memoryview(body)
+    if api_key == PRODUCE_KEY:
+        try:
+            found = _produce_node_endpoints(buf, api_version)
+        except (struct.error, IndexError, ValueError) as exc:
+            raise _malformed(api_key, api_version, exc) from None
+        return () if found is None else tuple(e.endpoint for e in found[2])
+    msg = _decode(api_key, api_version, buf)
+    return tuple(
+        BrokerEndpoint(int(getattr(holder, id_attr)), str(holder.host), int(holder.port))
+        for holder, id_attr in _endpoint_holders(api_key, api_version, msg)
+    )
