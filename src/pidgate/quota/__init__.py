@@ -1,0 +1,32 @@
+"""Pure KIP-936 quota policy: Bloom filters, the time-layered PID cache, token buckets and the
+manager that turns (principal, producer IDs, now_ms) into admit / reject(throttle_time_ms).
+
+Time is always a parameter (``now_ms``); nothing here reads a clock.
+
+Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or
+``pidgate.protocol`` / ``pidgate.proxy`` / ``pidgate.config``.
+
+Modules: ``bloom`` (shape, positions, one filter), ``layered`` (time layers of one principal),
+``bucket`` (exact token bucket), ``policy`` (validated QuotaPolicy), ``manager`` (admission).
+"""
+
+from .bloom import BloomFilter, BloomShape, bloom_positions
+from .bucket import TokenBucket
+from .layered import LayeredBloomFilter
+from .manager import Admitted, Decision, PrincipalState, QuotaManager, Rejected
+from .policy import QuotaPolicy, user_name
+
+__all__ = [
+    "Admitted",
+    "BloomFilter",
+    "BloomShape",
+    "Decision",
+    "LayeredBloomFilter",
+    "PrincipalState",
+    "QuotaManager",
+    "QuotaPolicy",
+    "Rejected",
+    "TokenBucket",
+    "bloom_positions",
+    "user_name",
+]

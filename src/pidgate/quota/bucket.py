@@ -1,0 +1,109 @@
+"""The per-principal token bucket that budgets new producer IDs.
+
+Owns the budget arithmetic: capacity ``rate`` tokens, refilled continuously at ``rate`` tokens
+per ``window_ms``, starting full. KIP-599's burst rule (samples × window × rate) would allow
+``window_num``× the quota at once; like DESIGN.md we cap the burst at one window's quota, which
+is what KIP-936's own example (100 PIDs in one hour) expects.
+
+Arithmetic is exact: the level is kept in *token·milliseconds* (tokens × window_ms), so a bucket
+gains exactly ``rate`` units per millisecond and every comparison is an integer comparison.
+
+Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
+pidgate package. Time is the ``now_ms`` parameter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["TokenBucket"]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBucket:
+    """Immutable bucket state; every operation returns a new bucket.
+
+    ``level`` is in token·ms (tokens × ``window_ms``), ``updated_ms`` is the time it was
+    last brought up to date. Time that runs backwards (``now_ms < updated_ms``) refills nothing.
+    """
+
+    rate: int
+    window_ms: int
+    level: int
+    updated_ms: int
+
+    def __post_init__(self) -> None:
+        if self.rate < 0:
+            raise ValueError(f"rate must be >= 0, got {self.rate}")
+        if self.window_ms < 1:
+            raise ValueError(f"window_ms must be >= 1, got {self.window_ms}")
+        if not 0 <= self.level <= self.capacity_units:
+            raise ValueError(f"level {self.level} outside [0, {self.capacity_units}]")
+
+    @classmethod
+    def full(cls, rate: int, window_ms: int, now_ms: int) -> TokenBucket:
+        """A new bucket, full: a principal may activate ``rate`` PIDs at once."""
+        return cls(rate=rate, window_ms=window_ms, level=rate * window_ms, updated_ms=now_ms)
+
+    @property
+    def capacity_units(self) -> int:
+        return self.rate * self.window_ms
+
+    def refill(self, now_ms: int) -> TokenBucket:
+        """The bucket as it stands at ``now_ms``: ``rate`` units per elapsed ms, capped."""
+        elapsed = now_ms - self.updated_ms
+        if elapsed <= 0:
+            return self
+        level = min(self.capacity_units, self.level + elapsed * self.rate)
+        return TokenBucket(self.rate, self.window_ms, level, now_ms)
+
+    def is_full(self, now_ms: int) -> bool:
+        return self.refill(now_ms).level >= self.capacity_units
+
+    def tokens(self, now_ms: int) -> float:
+        """Whole-and-fractional tokens at ``now_ms``, for metrics only (never for decisions)."""
+        return self.refill(now_ms).level / self.window_ms
+
+    def try_take(self, n: int, now_ms: int) -> TokenBucket | None:
+        """The bucket after taking ``n`` tokens at ``now_ms``, or None if it holds fewer."""
+        current = self.refill(now_ms)
+        need = n * self.window_ms
+        if need > current.level:
+            return None
+        if need == 0:
+            return current
+        return TokenBucket(
+            current.rate, current.window_ms, current.level - need, current.updated_ms
+        )
+
+    def time_until_available_ms(self, n: int, now_ms: int) -> int:
+        """Milliseconds from ``now_ms`` until the bucket holds ``n`` tokens (0 if it does now),
+        rounded up so that retrying after that long succeeds.
+
+        A request for more tokens than the capacity can never pass; the answer is then the time
+        until the bucket is full (0 if it already is), which is the most waiting can achieve.
+        A rate of 0 never refills, so the answer is ``window_ms`` (a "not in this window" hint;
+        callers cap it).
+        """
+        if n <= 0:
+            return 0
+        if self.rate == 0:
+            return self.window_ms
+        current = self.refill(now_ms)
+        deficit = min(n, self.rate) * self.window_ms - current.level
+        if deficit <= 0:
+            return 0
+        return _ceil_div(deficit, self.rate)
+
+    def with_rate(self, rate: int, window_ms: int, now_ms: int | None = None) -> TokenBucket:
+        """The bucket under a new quota. Refills up to ``now_ms`` under the old rate first (if
+        given), keeps the tokens it holds (rescaled if the window changed, rounding down so a
+        change never grants tokens), and clamps them to the new capacity."""
+        current = self if now_ms is None else self.refill(now_ms)
+        level = current.level * window_ms // current.window_ms
+        level = min(level, rate * window_ms)
+        return replace(current, rate=rate, window_ms=window_ms, level=level)

@@ -1,0 +1,115 @@
+"""The quota policy: an immutable, validated description of who may activate how many PIDs.
+
+Owns KIP-936's configuration values (``producer_ids_rate`` per user and default,
+``producer.id.quota.window.size.seconds`` as ``window_ms``, ``producer.id.quota.window.num``,
+``producer.id.quota.cache.false.positive.rate``) plus pidgate's memory caps, and the precedence
+rule user → default → unlimited.
+
+Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
+pidgate package (``pidgate.config`` builds a QuotaPolicy; quota never reads config).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["USER_PREFIX", "QuotaPolicy", "user_name"]
+
+USER_PREFIX = "User:"
+
+
+def user_name(principal: str) -> str:
+    """The quota key of a principal: ``"User:alice"`` → ``"alice"``; any other string (a name
+    already stripped, or a non-User principal type) is its own key."""
+    if principal.startswith(USER_PREFIX):
+        return principal[len(USER_PREFIX) :]
+    return principal
+
+
+def _check_rate(what: str, rate: object) -> None:
+    if isinstance(rate, bool) or not isinstance(rate, int):
+        raise ValueError(f"{what} must be an integer, got {rate!r}")
+    if rate < 0:
+        raise ValueError(f"{what} must be >= 0 (0 allows no new producer IDs), got {rate}")
+
+
+@dataclass(frozen=True)
+class QuotaPolicy:
+    """Everything the quota manager needs to decide; replace it whole to change quotas.
+
+    ``user_producer_ids_rates`` is keyed by user *name* without the ``User:`` prefix, the way
+    ``kafka-configs --entity-type users --entity-name alice`` and the CLI's
+    ``--producer-ids-rate alice=5`` name it. It is copied into a read-only mapping.
+
+    ``max_total_bits`` caps the sum of all Bloom layer bits (2**30 bits = 128 MiB): with the
+    defaults a principal at ``min_layer_items`` costs ≈ 14.4 kbit per layer, ≈ 21 KiB for 12
+    layers, so the bit cap binds long before ``max_principals`` does for busy principals, and
+    ``max_principals`` bounds the per-principal Python objects (≈ 1 KiB each) for idle ones.
+    ``max_layer_items`` bounds one layer (1M items ≈ 1.7 MiB at p = 0.001); principals with
+    higher rates simply roll layers early on saturation.
+    """
+
+    window_ms: int = 3_600_000
+    window_num: int = 11
+    false_positive_rate: float = 0.001
+    default_producer_ids_rate: int | None = None
+    user_producer_ids_rates: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    max_principals: int = 100_000
+    max_total_bits: int = 2**30
+    min_layer_items: int = 1000
+    max_layer_items: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window_num, bool) or self.window_num < 1:
+            raise ValueError(f"window_num must be >= 1, got {self.window_num}")
+        if self.window_ms < self.window_num:
+            raise ValueError(
+                f"window_ms ({self.window_ms}) must be >= window_num ({self.window_num}) "
+                "so every layer spans at least 1 ms"
+            )
+        p = self.false_positive_rate
+        if not (isinstance(p, float | int) and math.isfinite(p) and 0.0 < p < 1.0):
+            raise ValueError(f"false_positive_rate must be strictly between 0 and 1, got {p!r}")
+        if self.default_producer_ids_rate is not None:
+            _check_rate("default_producer_ids_rate", self.default_producer_ids_rate)
+        rates = dict(self.user_producer_ids_rates)
+        for name, rate in rates.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"user names must be non-empty strings, got {name!r}")
+            _check_rate(f"producer_ids_rate of user {name!r}", rate)
+        object.__setattr__(self, "user_producer_ids_rates", MappingProxyType(rates))
+        if self.max_principals < 1:
+            raise ValueError(f"max_principals must be >= 1, got {self.max_principals}")
+        if self.max_total_bits < 1:
+            raise ValueError(f"max_total_bits must be >= 1, got {self.max_total_bits}")
+        if self.min_layer_items < 1:
+            raise ValueError(f"min_layer_items must be >= 1, got {self.min_layer_items}")
+        if self.max_layer_items < self.min_layer_items:
+            raise ValueError(
+                f"max_layer_items ({self.max_layer_items}) must be >= "
+                f"min_layer_items ({self.min_layer_items})"
+            )
+
+    def rate_for(self, principal: str) -> int | None:
+        """New PIDs per window for ``principal``; None means unlimited.
+
+        Precedence (KIP-936, like every Kafka client quota): the user's own rate, else the
+        default user rate, else unlimited. ``"User:alice"`` is looked up as ``"alice"``
+        (see :func:`user_name`); so ``--producer-ids-rate ANONYMOUS=5`` governs the
+        ``User:ANONYMOUS`` principal of a PLAINTEXT listener.
+        """
+        rate = self.user_producer_ids_rates.get(user_name(principal))
+        if rate is not None:
+            return rate
+        return self.default_producer_ids_rate
+
+    def layer_items_for(self, rate: int) -> int:
+        """Expected items per Bloom layer for a principal at ``rate``: one window's quota,
+        clamped to [min_layer_items, max_layer_items]. The newest layer holds the PIDs
+        activated during its span plus every active PID refreshed into it, which at steady
+        state is at most about one window's quota; if more arrive it saturates and a new layer
+        starts early, so the false-positive rate stays near target."""
+        return min(self.max_layer_items, max(self.min_layer_items, rate))

@@ -1,0 +1,106 @@
+"""Token bucket: exact refill, take and throttle arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pidgate.quota.bucket import TokenBucket
+
+
+def test_starts_full_and_takes_exactly() -> None:
+    bucket = TokenBucket.full(rate=3, window_ms=1000, now_ms=0)
+    assert bucket.tokens(0) == 3.0
+    after = bucket.try_take(3, 0)
+    assert after is not None
+    assert after.tokens(0) == 0.0
+    assert after.try_take(1, 0) is None
+    # 1 token = 1000 token·ms; refill 3 per ms → ceil(1000 / 3) = 334 ms.
+    assert after.time_until_available_ms(1, 0) == 334
+    assert after.try_take(1, 333) is None
+    assert after.try_take(1, 334) is not None
+    assert after.tokens(333) == pytest.approx(999 / 1000)
+    assert after.time_until_available_ms(2, 100) == 567  # (2000 - 300) / 3, rounded up
+    assert after.time_until_available_ms(0, 0) == 0
+
+
+def test_refill_caps_at_capacity() -> None:
+    bucket = TokenBucket.full(rate=5, window_ms=10_000, now_ms=0).try_take(5, 0)
+    assert bucket is not None
+    assert bucket.tokens(5000) == 2.5
+    assert bucket.tokens(10_000) == 5.0
+    assert bucket.tokens(10**9) == 5.0
+    assert bucket.is_full(10_000)
+    assert not bucket.is_full(9_999)
+
+
+def test_time_backwards_refills_nothing() -> None:
+    bucket = TokenBucket.full(rate=5, window_ms=10_000, now_ms=1000).try_take(5, 1000)
+    assert bucket is not None
+    assert bucket.refill(500) is bucket
+    assert bucket.tokens(0) == 0.0
+    assert bucket.try_take(1, 999) is None
+
+
+def test_more_than_capacity_waits_for_full_bucket() -> None:
+    bucket = TokenBucket.full(rate=4, window_ms=1000, now_ms=0)
+    assert bucket.try_take(5, 0) is None
+    assert bucket.time_until_available_ms(5, 0) == 0  # already full: waiting cannot help
+    empty = bucket.try_take(4, 0)
+    assert empty is not None
+    assert empty.time_until_available_ms(50, 0) == 1000
+
+
+def test_rate_zero_never_refills() -> None:
+    bucket = TokenBucket.full(rate=0, window_ms=1000, now_ms=0)
+    assert bucket.try_take(0, 0) is not None
+    assert bucket.try_take(1, 10**9) is None
+    assert bucket.time_until_available_ms(1, 0) == 1000
+    assert bucket.is_full(0)
+
+
+def test_with_rate_clamps_and_rescales() -> None:
+    bucket = TokenBucket.full(rate=10, window_ms=1000, now_ms=0)
+    lower = bucket.with_rate(2, 1000)
+    assert lower.tokens(0) == 2.0
+    higher = lower.with_rate(20, 1000)
+    assert higher.tokens(0) == 2.0  # kept, not topped up
+    assert higher.tokens(50) == 3.0  # refills at the new rate: 20 per 1000 ms
+    rescaled = higher.with_rate(20, 3000)
+    assert rescaled.tokens(0) == 2.0
+    half = TokenBucket.full(rate=10, window_ms=1000, now_ms=0).try_take(10, 0)
+    assert half is not None
+    settled = half.with_rate(1, 1000, now_ms=50)  # 0.5 tokens earned at the old rate
+    assert settled.tokens(50) == 0.5
+
+
+def test_validation() -> None:
+    with pytest.raises(ValueError):
+        TokenBucket.full(rate=-1, window_ms=1000, now_ms=0)
+    with pytest.raises(ValueError):
+        TokenBucket.full(rate=1, window_ms=0, now_ms=0)
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    rate=st.integers(1, 1000),
+    window_ms=st.integers(1, 100_000),
+    taken=st.integers(0, 1000),
+    need=st.integers(1, 1000),
+    start=st.integers(0, 10**6),
+)
+def test_throttle_time_is_exact(
+    rate: int, window_ms: int, taken: int, need: int, start: int
+) -> None:
+    bucket = TokenBucket.full(rate, window_ms, start).try_take(min(taken, rate), start)
+    assert bucket is not None
+    wait = bucket.time_until_available_ms(need, start)
+    if need > rate:
+        assert bucket.refill(start + wait).is_full(start + wait)
+        if wait:
+            assert not bucket.is_full(start + wait - 1)
+    else:
+        assert bucket.try_take(need, start + wait) is not None
+        if wait:
+            assert bucket.try_take(need, start + wait - 1) is None
