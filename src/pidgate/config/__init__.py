@@ -1,0 +1,32 @@
+"""One validated, immutable settings tree, built once in ``main()`` from a YAML file,
+``PIDGATE_*`` environment variables and CLI flags (later sources win).
+
+Must not import: asyncio, socket, structlog, prometheus_client, or ``pidgate.proxy``.
+"""
+
+from pidgate.config.addresses import HostPort, parse_host_port
+from pidgate.config.loader import ConfigError, env_var_name, load_settings
+from pidgate.config.settings import (
+    DEFAULT_USER_ENTITY,
+    LoggingSettings,
+    ProxySettings,
+    QuotaSettings,
+    RejectionSettings,
+    Settings,
+    UserQuota,
+)
+
+__all__ = [
+    "DEFAULT_USER_ENTITY",
+    "ConfigError",
+    "HostPort",
+    "LoggingSettings",
+    "ProxySettings",
+    "QuotaSettings",
+    "RejectionSettings",
+    "Settings",
+    "UserQuota",
+    "env_var_name",
+    "load_settings",
+    "parse_host_port",
+]

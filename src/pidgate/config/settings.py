@@ -1,0 +1,207 @@
+"""The settings tree: every key pidgate understands, its default, its unit and its validation.
+
+Owns the schema only (pydantic models, frozen). Loading and merging sources lives in
+``pidgate.config.loader``. Kafka's own names are kept where Kafka has one
+(``producer.id.quota.window.size.seconds`` and friends from KIP-936), so an operator can carry
+values over from a broker config.
+
+Must not import: asyncio, socket, structlog, prometheus_client, ``pidgate.proxy``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pidgate.config.addresses import HostPort, parse_host_port
+
+#: The user entity Kafka uses for "every user without an explicit quota" (``users.<default>``).
+DEFAULT_USER_ENTITY = "<default>"
+
+#: Kafka's socket.request.max.bytes default (100 MiB): a frame larger than this is refused by a
+#: broker too, so refusing it earlier loses nothing a broker would have accepted.
+KAFKA_SOCKET_REQUEST_MAX_BYTES = 104_857_600
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class UserQuota(_Frozen):
+    """Quota values for one user entity (``users.<name>`` or ``users.<default>``)."""
+
+    producer_ids_rate: Annotated[int, Field(ge=0)] | None = None
+
+
+def _host_port(value: object) -> object:
+    return parse_host_port(value) if isinstance(value, str) else value
+
+
+class QuotaSettings(_Frozen):
+    """KIP-936 quota configuration, under Kafka's own key names."""
+
+    window_size_seconds: Annotated[
+        int, Field(ge=1, alias="producer.id.quota.window.size.seconds")
+    ] = 3600
+    window_num: Annotated[int, Field(ge=1, le=1000, alias="producer.id.quota.window.num")] = 11
+    false_positive_rate: Annotated[
+        float, Field(gt=0.0, lt=1.0, alias="producer.id.quota.cache.false.positive.rate")
+    ] = 0.001
+    cleanup_interval_ms: Annotated[
+        int, Field(ge=10, alias="producer.id.quota.cache.cleanup.scheduler.interval.ms")
+    ] = 10_000
+    #: ``users: {"<default>": {producer_ids_rate: 100}, alice: {producer_ids_rate: 50}}``
+    users: dict[str, UserQuota] = Field(default_factory=dict)
+    #: Global memory caps; past them the idlest principal is evicted (and counted).
+    max_principals: Annotated[int, Field(ge=1)] = 100_000
+    max_total_bits: Annotated[int, Field(ge=1024)] = 8 * 256 * 1024 * 1024  # 256 MiB of Bloom bits
+
+    @property
+    def window_ms(self) -> int:
+        return self.window_size_seconds * 1000
+
+    @property
+    def default_producer_ids_rate(self) -> int | None:
+        default = self.users.get(DEFAULT_USER_ENTITY)
+        return default.producer_ids_rate if default else None
+
+    @property
+    def user_producer_ids_rates(self) -> dict[str, int]:
+        return {
+            name: quota.producer_ids_rate
+            for name, quota in self.users.items()
+            if name != DEFAULT_USER_ENTITY and quota.producer_ids_rate is not None
+        }
+
+    @model_validator(mode="after")
+    def _window_holds_its_layers(self) -> QuotaSettings:
+        if self.window_ms < self.window_num:
+            raise ValueError(
+                "producer.id.quota.window.size.seconds must give each of the "
+                "producer.id.quota.window.num layers at least 1 ms"
+            )
+        return self
+
+
+class RejectionSettings(_Frozen):
+    """How a throttled Produce is answered (DESIGN.md "Rejection that every client survives")."""
+
+    #: Error code per client library, matched against ApiVersions ``client_software_name``
+    #: (case-insensitive substring; the longest match wins). ``default`` applies otherwise.
+    #: 89 THROTTLING_QUOTA_EXCEEDED is retriable for the Java client and kafka-python; librdkafka
+    #: fails a message permanently on 89, so it gets 19 NOT_ENOUGH_REPLICAS, which it retries
+    #: with the same PID and sequence (verified by tests/integration/test_throttling.py).
+    error_codes: dict[str, int] = Field(
+        default_factory=lambda: {"default": 89, "librdkafka": 19, "confluent-kafka": 19}
+    )
+    #: KIP-219: after answering, the client connection is muted for throttle_time_ms, capped here
+    #: so a long window can't stall a connection beyond the clients' request timeouts.
+    max_mute_ms: Annotated[int, Field(ge=0)] = 10_000
+
+    @field_validator("error_codes")
+    @classmethod
+    def _has_default(cls, codes: dict[str, int]) -> dict[str, int]:
+        if "default" not in codes:
+            raise ValueError("must contain a 'default' entry")
+        for name, code in codes.items():
+            if not -1 <= code <= 32767 or code == 0:
+                raise ValueError(f"{name}: {code} is not a Kafka error code (non-zero int16)")
+        return codes
+
+
+class ProxySettings(_Frozen):
+    """Listeners, upstream brokers, routing and per-connection limits."""
+
+    listen: HostPort = HostPort(host="127.0.0.1", port=9092)
+    upstream: tuple[HostPort, ...] = ()
+    mode: Literal["gateway", "sidecar"] = "gateway"
+    #: Host put into rewritten broker endpoints; defaults to the listen host.
+    advertised_host: str | None = None
+    #: gateway: broker ``node_id`` is fronted on ``broker_port_base + node_id``;
+    #: defaults to the listen port + 1.
+    broker_port_base: Annotated[int, Field(ge=1, le=65535)] | None = None
+    #: gateway: explicit node_id -> port, overrides broker_port_base for those nodes.
+    broker_ports: dict[int, Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=dict)
+    #: sidecar: upstream "host:port" -> advertised "host:port"; unmapped endpoints stay as is.
+    advertised_endpoints: dict[str, HostPort] = Field(default_factory=dict)
+    max_frame_bytes: Annotated[int, Field(ge=1024)] = KAFKA_SOCKET_REQUEST_MAX_BYTES
+    #: Responses may be large (Fetch); the bound keeps a bad upstream from exhausting memory.
+    max_response_frame_bytes: Annotated[int, Field(ge=1024)] = 4 * KAFKA_SOCKET_REQUEST_MAX_BYTES
+    #: Requests awaiting a response on one connection before pidgate stops reading it.
+    max_in_flight_requests: Annotated[int, Field(ge=1)] = 100
+    #: Bytes buffered towards one peer before the other side stops being read (backpressure).
+    write_buffer_high_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    upstream_connect_timeout_ms: Annotated[int, Field(ge=1)] = 10_000
+    shutdown_grace_ms: Annotated[int, Field(ge=0)] = 10_000
+
+    _parse_listen = field_validator("listen", mode="before")(_host_port)
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _parse_upstream(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            return [_host_port(item) for item in value]
+        return value
+
+    @field_validator("advertised_endpoints", mode="before")
+    @classmethod
+    def _parse_endpoint_map(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {str(key): _host_port(target) for key, target in value.items()}
+        return value
+
+    @field_validator("advertised_endpoints")
+    @classmethod
+    def _keys_are_host_ports(cls, value: dict[str, HostPort]) -> dict[str, HostPort]:
+        for key in value:
+            parse_host_port(key)
+        return value
+
+    @property
+    def effective_advertised_host(self) -> str:
+        return self.advertised_host or self.listen.host
+
+    @property
+    def effective_broker_port_base(self) -> int:
+        return self.broker_port_base if self.broker_port_base is not None else self.listen.port + 1
+
+    def broker_listen_port(self, node_id: int) -> int:
+        return self.broker_ports.get(node_id, self.effective_broker_port_base + node_id)
+
+    @model_validator(mode="after")
+    def _advertising_needs_a_routable_host(self) -> ProxySettings:
+        if self.advertised_host is None and self.listen.host in ("0.0.0.0", "::", ""):
+            raise ValueError(
+                "listen binds every interface; set advertised_host (--advertised-host) to the "
+                "name clients should connect to"
+            )
+        return self
+
+
+class LoggingSettings(_Frozen):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    #: auto: pretty on a TTY, JSON Lines otherwise.
+    format: Literal["auto", "json", "console"] = "auto"
+    #: At most this many events of one kind per key per interval (a storm can't flood the log).
+    rate_limit_events: Annotated[int, Field(ge=1)] = 5
+    rate_limit_interval_ms: Annotated[int, Field(ge=1)] = 10_000
+
+
+class Settings(_Frozen):
+    """The whole, validated, immutable configuration."""
+
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
+    quota: QuotaSettings = Field(default_factory=QuotaSettings)
+    rejection: RejectionSettings = Field(default_factory=RejectionSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    @model_validator(mode="after")
+    def _has_upstream(self) -> Settings:
+        if not self.proxy.upstream:
+            raise ValueError("proxy.upstream: at least one upstream broker (HOST:PORT) is required")
+        if self.proxy.mode == "sidecar" and len(self.proxy.upstream) != 1:
+            raise ValueError("proxy.upstream: sidecar mode forwards to exactly one broker")
+        return self
