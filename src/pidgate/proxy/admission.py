@@ -1,0 +1,107 @@
+"""The gate between a decoded Produce request and the quota manager: which principal pays,
+which error code a rejected client gets, and the seam through which decisions are observed
+(logs now; metrics and the event log plug in as further ``DecisionObserver``s).
+
+Owns: ``Gatekeeper``, ``rejection_error_code``, the ``DecisionObserver`` protocol.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pidgate.protocol.produce import ProduceRequestSummary
+from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
+from pidgate.quota.policy import QuotaPolicy
+
+#: Principal for connections on PLAINTEXT listeners, as Kafka names it.
+ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def rejection_error_code(client_software_name: str | None, table: Mapping[str, int]) -> int:
+    """Pick the code a client library retries without a fatal error.
+
+    The table's keys match ``client_software_name`` (ApiVersions v3+) case-insensitively as
+    substrings; the longest matching key wins, ``default`` otherwise (also for clients that
+    never sent ApiVersions v3+).
+    """
+    if client_software_name:
+        name = client_software_name.lower()
+        matches = [key for key in table if key != "default" and key.lower() in name]
+        if matches:
+            return table[max(matches, key=len)]
+    return table["default"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceContext:
+    """Who sent a Produce request; what observers learn besides the decision."""
+
+    principal: str
+    client_id: str | None
+    client_software_name: str | None
+    peer: str
+
+
+class DecisionObserver(Protocol):
+    def on_decision(
+        self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
+    ) -> None: ...
+
+
+def quota_policy_from(
+    window_ms: int,
+    window_num: int,
+    false_positive_rate: float,
+    default_producer_ids_rate: int | None,
+    user_producer_ids_rates: Mapping[str, int],
+    max_principals: int,
+    max_total_bits: int,
+) -> QuotaPolicy:
+    return QuotaPolicy(
+        window_ms=window_ms,
+        window_num=window_num,
+        false_positive_rate=false_positive_rate,
+        default_producer_ids_rate=default_producer_ids_rate,
+        user_producer_ids_rates=dict(user_producer_ids_rates),
+        max_principals=max_principals,
+        max_total_bits=max_total_bits,
+    )
+
+
+class Gatekeeper:
+    """Asks the quota manager about each Produce request and tells the observers."""
+
+    def __init__(self, quota: QuotaManager, observers: Sequence[DecisionObserver] = ()) -> None:
+        self.quota = quota
+        self._observers = tuple(observers)
+
+    def check(self, context: ProduceContext, request: ProduceRequestSummary) -> Decision | None:
+        """None when the request carries no PID (never throttled), else the quota decision."""
+        producer_ids = request.producer_ids()
+        if not producer_ids:
+            return None
+        decision = self.quota.admit(context.principal, producer_ids, monotonic_ms())
+        if self._observers and (isinstance(decision, Rejected) or decision.new_producer_ids):
+            for observer in self._observers:
+                observer.on_decision(context, request, decision)
+        return decision
+
+
+__all__ = [
+    "ANONYMOUS_PRINCIPAL",
+    "Admitted",
+    "DecisionObserver",
+    "Gatekeeper",
+    "ProduceContext",
+    "Rejected",
+    "monotonic_ms",
+    "quota_policy_from",
+    "rejection_error_code",
+]

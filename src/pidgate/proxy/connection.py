@@ -1,0 +1,436 @@
+"""One client connection and its upstream broker connection.
+
+Owns the per-connection request/response pipeline:
+- frames cut by ``protocol.framing``; most forwarded untouched (every complete frame of one
+  read in a single ``writelines``: send calls decide small-frame speed);
+- Produce requests walked and put through the ``Gatekeeper``; a rejected one is answered
+  locally and the client is muted for the throttle time, as brokers do since KIP-219;
+- responses go back in request order: a locally made response waits behind the responses the
+  broker still owes for earlier requests;
+- ApiVersions responses narrowed, broker endpoints rewritten (``Router``);
+- backpressure both ways: a side that cannot take writes stops reading of the other side, and
+  too many requests in flight stop reading of the client.
+
+A protocol error on either side closes both connections; the process and other connections
+are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import cast
+
+from pidgate.protocol.api_versions import (
+    ClientSoftware,
+    narrow_api_versions_response,
+    parse_api_versions_request,
+)
+from pidgate.protocol.endpoints import ENDPOINT_BEARING_APIS, rewrite_endpoints
+from pidgate.protocol.errors import ProtocolError, UnsupportedApiError
+from pidgate.protocol.framing import FrameDecoder, frame
+from pidgate.protocol.headers import parse_request_header, parse_response_header
+from pidgate.protocol.produce import (
+    ProduceRequestSummary,
+    encode_produce_rejection,
+    parse_produce_request,
+)
+from pidgate.proxy.admission import ProduceContext, Rejected, rejection_error_code
+from pidgate.proxy.context import ProxyContext
+
+PRODUCE = 0
+API_VERSIONS = 18
+_API_KEY_VERSION_CORRELATION = struct.Struct(">hhi")
+
+Address = tuple[str, int]
+
+
+class _Slot:
+    """A response owed to the client, in request order."""
+
+    __slots__ = ("api_key", "api_version", "correlation_id", "response")
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.response: bytes | None = None
+
+
+class ReadGate:
+    """Pauses reading a transport while any reason holds, resumes when none does."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._reasons: set[str] = set()
+
+    def pause(self, reason: str) -> None:
+        if not self._reasons and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._reasons.add(reason)
+
+    def resume(self, reason: str) -> None:
+        if reason not in self._reasons:
+            return
+        self._reasons.discard(reason)
+        if not self._reasons and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        if self._reasons:
+            transport.pause_reading()
+
+    def holds(self, reason: str) -> bool:
+        return reason in self._reasons
+
+
+class ClientConnection(asyncio.Protocol):
+    """The client side; owns the upstream connection it opens."""
+
+    def __init__(
+        self, context: ProxyContext, upstream_targets: Callable[[], list[Address]]
+    ) -> None:
+        self._context = context
+        self._settings = context.settings
+        self._upstream_targets = upstream_targets
+        self._decoder = FrameDecoder(self._settings.proxy.max_frame_bytes)
+        self._gate = ReadGate()
+        self._inbox: deque[bytes] = deque()
+        self._slots: deque[_Slot] = deque()
+        self._awaiting_upstream: deque[_Slot] = deque()
+        self._upstream: UpstreamConnection | None = None
+        self._connect_task: asyncio.Task[None] | None = None
+        self._unmute_handle: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.principal = context.principal_for_plaintext
+        self.client_id: str | None = None
+        self.client_software = ClientSoftware(name=None, version=None)
+        self.closed = False
+
+    # -- asyncio.Protocol (client side) ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        high = self._settings.proxy.write_buffer_high_bytes
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+        self._gate.attach(transport)
+        # Data can arrive before the upstream connection is ready (seen with uvloop): it is kept
+        # in the inbox, and reading pauses until the broker side exists.
+        self._gate.pause("connecting")
+        self._context.connections.add(self)
+        self._connect_task = asyncio.ensure_future(self._connect_upstream())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as error:
+            self._fail("bad_request_frame", error)
+            return
+        self._inbox.extend(frames)
+        self._process_inbox()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._context.connections.discard(self)
+        if self._unmute_handle is not None:
+            self._unmute_handle.cancel()
+        if self._connect_task is not None and not self._connect_task.done():
+            self._connect_task.cancel()
+        if self._upstream is not None:
+            self._upstream.close()
+        self._inbox.clear()
+        self._slots.clear()
+
+    def pause_writing(self) -> None:
+        if self._upstream is not None:
+            self._upstream.gate.pause("client_backpressure")
+
+    def resume_writing(self) -> None:
+        if self._upstream is not None:
+            self._upstream.gate.resume("client_backpressure")
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        """No request is waiting for a response (graceful shutdown waits for this)."""
+        return not self._slots and not self._inbox
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    # -- upstream -----------------------------------------------------------------------------
+
+    async def _connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        timeout_s = self._settings.proxy.upstream_connect_timeout_ms / 1000
+        last_error: BaseException | None = None
+        targets = self._upstream_targets()
+        for host, port in targets:
+            try:
+                _, upstream = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamConnection(self), host, port),
+                    timeout_s,
+                )
+            except (TimeoutError, OSError) as error:
+                last_error = error
+                continue
+            if self.closed:
+                upstream.close()
+                return
+            self._upstream = upstream
+            self._gate.resume("connecting")
+            self._process_inbox()
+            return
+        self._context.log.warning(
+            "upstream_unreachable",
+            key=",".join(f"{host}:{port}" for host, port in targets),
+            upstreams=[f"{host}:{port}" for host, port in targets],
+            error=str(last_error) if last_error else "no upstream configured",
+            client=self.peer,
+        )
+        self.close()
+
+    def on_upstream_lost(self) -> None:
+        if not self.closed:
+            self.close()
+
+    def on_upstream_frames(self, frames: list[bytes]) -> None:
+        for response in frames:
+            if not self._awaiting_upstream:
+                self._fail_upstream(
+                    "unexpected_response", "the broker answered a request never sent"
+                )
+                return
+            slot = self._awaiting_upstream.popleft()
+            try:
+                correlation_id, body_offset = parse_response_header(
+                    memoryview(response)[4:], slot.api_key, slot.api_version
+                )
+                if correlation_id != slot.correlation_id:
+                    raise ProtocolError(
+                        f"response correlation_id {correlation_id} does not match the request's "
+                        f"{slot.correlation_id}"
+                    )
+                response = self._transform_response(slot, response, body_offset)
+            except ProtocolError as error:
+                self._fail_upstream("bad_response", str(error))
+                return
+            if slot.api_key in ENDPOINT_BEARING_APIS:
+                ready = self._context.router.listeners_ready()
+                if ready is not None:
+                    ready.add_done_callback(functools.partial(self._fill, slot, response))
+                    continue
+            slot.response = response
+        self._flush_responses()
+
+    def _fill(self, slot: _Slot, response: bytes, _ready: object = None) -> None:
+        slot.response = response
+        self._flush_responses()
+
+    def _transform_response(self, slot: _Slot, response: bytes, body_offset: int) -> bytes:
+        payload = memoryview(response)[4:]
+        body = payload[body_offset:]
+        new_body: bytes | None = None
+        if slot.api_key == API_VERSIONS:
+            new_body = narrow_api_versions_response(
+                body, slot.api_version, self._context.api_version_limits
+            )
+        elif slot.api_key in ENDPOINT_BEARING_APIS:
+            new_body = rewrite_endpoints(
+                slot.api_key, slot.api_version, body, self._context.router.rewrite
+            )
+        if new_body is None:
+            return response
+        return frame(bytes(payload[:body_offset]) + new_body)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _process_inbox(self) -> None:
+        upstream = self._upstream
+        if upstream is None or self.closed:
+            return
+        forward: list[bytes] = []
+        while self._inbox and not self._gate.holds("mute") and not self.closed:
+            request = self._inbox.popleft()
+            try:
+                if self._handle_request(request):
+                    forward.append(request)
+            except ProtocolError as error:
+                self._fail("bad_request", error)
+                return
+        if forward:
+            upstream.write_frames(forward)
+        self._flush_responses()
+
+    def _handle_request(self, request: bytes) -> bool:
+        """Account for one request; True when it must be forwarded to the broker."""
+        payload = memoryview(request)[4:]
+        if len(payload) < _API_KEY_VERSION_CORRELATION.size:
+            raise ProtocolError(f"request of {len(payload)} bytes is shorter than any header")
+        header = parse_request_header(payload)
+        limits = self._context.api_version_limits.get(header.api_key)
+        if limits is None or not limits[0] <= header.api_version <= limits[1]:
+            raise UnsupportedApiError(
+                f"api_key {header.api_key} version {header.api_version} is not one pidgate "
+                f"advertised ({limits[0]}..{limits[1]})"
+                if limits
+                else f"api_key {header.api_key} is not one pidgate forwards"
+            )
+        self.client_id = header.client_id
+        body = payload[header.header_bytes :]
+        expects_response = True
+        if header.api_key == PRODUCE:
+            produce = parse_produce_request(body, header.api_version)
+            context = ProduceContext(
+                principal=self.principal,
+                client_id=header.client_id,
+                client_software_name=self.client_software.name,
+                peer=self.peer,
+            )
+            decision = self._context.gatekeeper.check(context, produce)
+            if isinstance(decision, Rejected):
+                self._reject(header.api_version, header.correlation_id, produce, decision, context)
+                return False
+            expects_response = produce.acks != 0
+        elif header.api_key == API_VERSIONS:
+            self.client_software = parse_api_versions_request(body, header.api_version)
+        if expects_response:
+            slot = _Slot(header.api_key, header.api_version, header.correlation_id)
+            self._slots.append(slot)
+            self._awaiting_upstream.append(slot)
+        return True
+
+    def _reject(
+        self,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        decision: Rejected,
+        context: ProduceContext,
+    ) -> None:
+        settings = self._settings.rejection
+        error_code = rejection_error_code(self.client_software.name, settings.error_codes)
+        self._context.log.warning(
+            "pid_throttled",
+            key=context.principal,
+            principal=context.principal,
+            client_id=context.client_id,
+            client_software=context.client_software_name,
+            peer=context.peer,
+            producer_ids=list(decision.unknown_producer_ids[:10]),
+            throttle_time_ms=decision.throttle_time_ms,
+            error_code=error_code,
+        )
+        if produce.acks != 0:  # acks=0 gets no response, ever (it carries no PID anyway)
+            slot = _Slot(PRODUCE, api_version, correlation_id)
+            slot.response = encode_produce_rejection(
+                api_version, correlation_id, produce, error_code, decision.throttle_time_ms
+            )
+            self._slots.append(slot)
+        mute_ms = min(decision.throttle_time_ms, settings.max_mute_ms)
+        if mute_ms > 0:
+            self._mute(mute_ms)
+
+    def _mute(self, mute_ms: int) -> None:
+        # KIP-219: answer at once, then stop reading the connection for the throttle time.
+        # librdkafka ignores throttle_time_ms, so muting is what actually slows it down.
+        self._gate.pause("mute")
+        if self._unmute_handle is not None:
+            self._unmute_handle.cancel()
+        loop = asyncio.get_running_loop()
+        self._unmute_handle = loop.call_later(mute_ms / 1000, self._unmute)
+
+    def _unmute(self) -> None:
+        self._unmute_handle = None
+        self._gate.resume("mute")
+        self._process_inbox()
+
+    # -- responses ----------------------------------------------------------------------------
+
+    def _flush_responses(self) -> None:
+        if self.transport is None or self.closed:
+            return
+        ready: list[bytes] = []
+        slots = self._slots
+        while slots and slots[0].response is not None:
+            response = slots.popleft().response
+            assert response is not None
+            ready.append(response)
+        if ready:
+            self.transport.writelines(ready)
+        if len(slots) >= self._settings.proxy.max_in_flight_requests:
+            self._gate.pause("in_flight")
+        else:
+            self._gate.resume("in_flight")
+
+    # -- failures -----------------------------------------------------------------------------
+
+    def _fail(self, event: str, error: Exception) -> None:
+        self._context.log.warning(
+            event, key=self.peer, client=self.peer, client_id=self.client_id, error=str(error)
+        )
+        self.close()
+
+    def _fail_upstream(self, event: str, reason: str) -> None:
+        self._context.log.warning(event, key="upstream", client=self.peer, error=reason)
+        if self._upstream is not None:
+            self._upstream.close()
+        self.close()
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """The broker side of one client connection."""
+
+    def __init__(self, client: ClientConnection) -> None:
+        self._client = client
+        settings = client._settings.proxy
+        self._decoder = FrameDecoder(settings.max_response_frame_bytes)
+        self._high = settings.write_buffer_high_bytes
+        self.gate = ReadGate()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=self._high, low=self._high // 4)
+        self.gate.attach(transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as error:
+            self._client._fail_upstream("bad_response_frame", str(error))
+            return
+        if frames:
+            self._client.on_upstream_frames(frames)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._client.on_upstream_lost()
+
+    def pause_writing(self) -> None:
+        self._client._gate.pause("upstream_backpressure")
+
+    def resume_writing(self) -> None:
+        self._client._gate.resume("upstream_backpressure")
+
+    def write_frames(self, frames: list[bytes]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(frames)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()

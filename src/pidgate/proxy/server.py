@@ -1,0 +1,182 @@
+"""The proxy as a whole: listeners, the quota manager's housekeeping, graceful shutdown.
+
+Owns: ``ProxyServer`` (start / stop / addresses) and ``DecisionCounters``, the in-process tally
+of decisions that the demo shows (and that metrics will read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from pidgate.config import Settings
+from pidgate.protocol.api_versions import proxy_api_version_limits
+from pidgate.protocol.produce import ProduceRequestSummary
+from pidgate.proxy.admission import (
+    DecisionObserver,
+    Gatekeeper,
+    ProduceContext,
+    monotonic_ms,
+    quota_policy_from,
+)
+from pidgate.proxy.connection import ClientConnection
+from pidgate.proxy.context import ProxyContext
+from pidgate.proxy.logs import RateLimitedLog, get_logger
+from pidgate.proxy.routing import Address, BrokerRoute, Router
+from pidgate.quota.manager import Admitted, Decision, QuotaManager
+
+
+@dataclass
+class DecisionCounters:
+    """Running totals of quota decisions (a ``DecisionObserver``)."""
+
+    new_producer_ids_admitted: int = 0
+    produce_requests_rejected: int = 0
+    rejected_producer_ids: set[int] = field(default_factory=set)
+    max_rejected_ids_kept: int = 100_000
+
+    def on_decision(
+        self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
+    ) -> None:
+        if isinstance(decision, Admitted):
+            self.new_producer_ids_admitted += len(decision.new_producer_ids)
+            self.rejected_producer_ids.difference_update(decision.new_producer_ids)
+        else:
+            self.produce_requests_rejected += 1
+            if len(self.rejected_producer_ids) < self.max_rejected_ids_kept:
+                self.rejected_producer_ids.update(decision.unknown_producer_ids)
+
+
+def quota_manager_for(settings: Settings) -> QuotaManager:
+    quota = settings.quota
+    return QuotaManager(
+        quota_policy_from(
+            window_ms=quota.window_ms,
+            window_num=quota.window_num,
+            false_positive_rate=quota.false_positive_rate,
+            default_producer_ids_rate=quota.default_producer_ids_rate,
+            user_producer_ids_rates=quota.user_producer_ids_rates,
+            max_principals=quota.max_principals,
+            max_total_bits=quota.max_total_bits,
+        )
+    )
+
+
+class ProxyServer:
+    def __init__(self, settings: Settings, observers: tuple[DecisionObserver, ...] = ()) -> None:
+        self.settings = settings
+        self.counters = DecisionCounters()
+        self.quota = quota_manager_for(settings)
+        log = RateLimitedLog(
+            max_events=settings.logging.rate_limit_events,
+            interval_ms=settings.logging.rate_limit_interval_ms,
+        )
+        self.router = Router(settings.proxy, self._open_broker_listener)
+        self.context = ProxyContext(
+            settings=settings,
+            gatekeeper=Gatekeeper(self.quota, (self.counters, *observers)),
+            router=self.router,
+            log=log,
+            api_version_limits=proxy_api_version_limits(),
+        )
+        self._bootstrap: asyncio.Server | None = None
+        self._broker_servers: dict[int, asyncio.Server] = {}
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        listen = self.settings.proxy.listen
+        self._bootstrap = await loop.create_server(
+            lambda: ClientConnection(self.context, lambda: self.router.bootstrap_upstreams),
+            listen.host,
+            listen.port,
+            reuse_address=True,
+        )
+        self._housekeeping = asyncio.ensure_future(self._expire_periodically())
+        get_logger().info(
+            "pidgate_started",
+            listen=str(listen),
+            mode=self.settings.proxy.mode,
+            upstream=[str(hp) for hp in self.settings.proxy.upstream],
+            default_producer_ids_rate=self.settings.quota.default_producer_ids_rate,
+            user_producer_ids_rates=self.settings.quota.user_producer_ids_rates,
+            window_seconds=self.settings.quota.window_size_seconds,
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish within the grace period, close."""
+        servers = [s for s in (self._bootstrap, *self._broker_servers.values()) if s is not None]
+        for server in servers:
+            server.close()
+        deadline = monotonic_ms() + self.settings.proxy.shutdown_grace_ms
+        while monotonic_ms() < deadline and any(not conn.idle for conn in self.context.connections):
+            await asyncio.sleep(0.05)
+        for conn in list(self.context.connections):
+            conn.close()
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+        for server in servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        get_logger().info("pidgate_stopped", connections_closed=len(self.context.connections))
+
+    # -- addresses ----------------------------------------------------------------------------
+
+    @property
+    def bootstrap_address(self) -> Address:
+        assert self._bootstrap is not None
+        host, port = self._bootstrap.sockets[0].getsockname()[:2]
+        return (host, port)
+
+    @property
+    def broker_listener_ports(self) -> dict[int, int]:
+        return {
+            node: server.sockets[0].getsockname()[1]
+            for node, server in self._broker_servers.items()
+            if server.sockets
+        }
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _open_broker_listener(self, route: BrokerRoute) -> None:
+        if route.node_id in self._broker_servers:
+            return
+        loop = asyncio.get_running_loop()
+        host = self.settings.proxy.listen.host
+        port = self.settings.proxy.broker_listen_port(route.node_id)
+        try:
+            server = await loop.create_server(
+                lambda: ClientConnection(self.context, lambda: [route.upstream]),
+                host,
+                port,
+                reuse_address=True,
+            )
+        except OSError as error:
+            get_logger().error(
+                "broker_listener_failed",
+                node_id=route.node_id,
+                listen=f"{host}:{port}",
+                upstream=f"{route.upstream[0]}:{route.upstream[1]}",
+                error=str(error),
+            )
+            raise
+        self._broker_servers[route.node_id] = server
+        get_logger().info(
+            "broker_listener_opened",
+            node_id=route.node_id,
+            listen=f"{host}:{port}",
+            upstream=f"{route.upstream[0]}:{route.upstream[1]}",
+        )
+
+    async def _expire_periodically(self) -> None:
+        interval_s = self.settings.quota.cleanup_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            forgotten = self.quota.expire(monotonic_ms())
+            if forgotten:
+                get_logger().debug("principals_forgotten", count=forgotten)
