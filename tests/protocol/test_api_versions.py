@@ -121,3 +121,16 @@ def test_parse_request_errors() -> None:
         parse_api_versions_request(b"", 5)
     with pytest.raises(MalformedMessageError):
         parse_api_versions_request(b"\x05ab", 3)
+
+
+def test_unsupported_version_answer_decodes_as_v0_with_error_35() -> None:
+    from kafka.protocol.metadata.api_versions import ApiVersionsResponse
+
+    from pidgate.protocol.api_versions import encode_api_versions_unsupported
+
+    framed = encode_api_versions_unsupported(correlation_id=77, supported=(0, 4))
+    assert int.from_bytes(framed[:4], "big") == len(framed) - 4
+    response = ApiVersionsResponse.decode(framed[4:], version=0, header=True)
+    assert response.header.correlation_id == 77
+    assert response.error_code == 35
+    assert [(k.api_key, k.min_version, k.max_version) for k in response.api_keys] == [(18, 0, 4)]

@@ -150,3 +150,23 @@ def proxy_api_version_limits() -> dict[int, tuple[int, int]]:
         max_version = int(cls.max_version)
         limits[api_key] = (limits[api_key][0], min(limits[api_key][1], max_version))
     return limits
+
+
+#: Kafka error code UNSUPPORTED_VERSION.
+UNSUPPORTED_VERSION = 35
+
+
+def encode_api_versions_unsupported(correlation_id: int, supported: tuple[int, int]) -> bytes:
+    """A complete framed ApiVersionsResponse v0 with UNSUPPORTED_VERSION, as brokers send for an
+    ApiVersions request newer than they know (KIP-511): v0 so any client can read it, listing the
+    ApiVersions range ``supported`` so the client retries with a version both sides speak.
+    """
+    body = b"".join(
+        [
+            I16.pack(UNSUPPORTED_VERSION),
+            I32.pack(1),
+            _ENTRY.pack(API_VERSIONS_KEY, supported[0], supported[1]),
+        ]
+    )
+    payload = I32.pack(correlation_id) + body  # response header v0: ApiVersions never flexible
+    return I32.pack(len(payload)) + payload

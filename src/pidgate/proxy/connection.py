@@ -26,6 +26,7 @@ from typing import cast
 
 from pidgate.protocol.api_versions import (
     ClientSoftware,
+    encode_api_versions_unsupported,
     narrow_api_versions_response,
     parse_api_versions_request,
 )
@@ -281,7 +282,19 @@ class ClientConnection(asyncio.Protocol):
         payload = memoryview(request)[4:]
         if len(payload) < _API_KEY_VERSION_CORRELATION.size:
             raise ProtocolError(f"request of {len(payload)} bytes is shorter than any header")
-        header = parse_request_header(payload)
+        try:
+            header = parse_request_header(payload)
+        except UnsupportedApiError as error:
+            if error.api_key != API_VERSIONS or error.correlation_id is None:
+                raise
+            # A client newer than pidgate: answer as a broker would (v0, UNSUPPORTED_VERSION,
+            # our ApiVersions range) so it retries with a version both sides speak (KIP-511).
+            slot = _Slot(API_VERSIONS, 0, error.correlation_id)
+            slot.response = encode_api_versions_unsupported(
+                error.correlation_id, self._context.api_version_limits[API_VERSIONS]
+            )
+            self._slots.append(slot)
+            return False
         limits = self._context.api_version_limits.get(header.api_key)
         if limits is None or not limits[0] <= header.api_version <= limits[1]:
             raise UnsupportedApiError(
