@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pidgate.config import Settings
@@ -35,6 +36,8 @@ class DecisionCounters:
     produce_requests_rejected: int = 0
     rejected_producer_ids: set[int] = field(default_factory=set)
     max_rejected_ids_kept: int = 100_000
+    #: Rejected Produce requests by ApiVersions client_software_name ("unknown" when not sent).
+    rejections_by_client_software: Counter[str] = field(default_factory=Counter)
 
     def on_decision(
         self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
@@ -44,6 +47,7 @@ class DecisionCounters:
             self.rejected_producer_ids.difference_update(decision.new_producer_ids)
         else:
             self.produce_requests_rejected += 1
+            self.rejections_by_client_software[context.client_software_name or "unknown"] += 1
             if len(self.rejected_producer_ids) < self.max_rejected_ids_kept:
                 self.rejected_producer_ids.update(decision.unknown_producer_ids)
 

@@ -1,0 +1,25 @@
+# Sourced by scripts/demo and scripts/test: create .venv (once) and install pidgate into it
+# (again only when pyproject.toml changed). Needs Python >= 3.11 with venv (Debian:
+# python3-venv) and nothing else.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+python="${PYTHON:-python3}"
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "pidgate needs Python >= 3.11 (found: $("$python" --version 2>&1))" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv || {
+    echo "could not create .venv: on Debian, install python3-venv (apt-get install python3-venv)" >&2
+    exit 1
+  }
+fi
+extras="${1:-}"
+stamp=".venv/.pidgate-installed${extras:+-$extras}"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,357 @@
+"""Shared helpers for integration tests: a raw Kafka-protocol socket, request builders on
+kafka-python's protocol classes, topic creation through pidgate and bounded wait loops.
+
+Everything here talks over real loopback sockets; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest
+from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+_SIZE = struct.Struct(">i")
+
+#: Error code pidgate answers a throttled Produce with by default (THROTTLING_QUOTA_EXCEEDED).
+THROTTLING_QUOTA_EXCEEDED = 89
+UNSUPPORTED_VERSION = 35
+PRODUCE_KEY = 0
+API_VERSIONS_KEY = 18
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (EOF or reset)."""
+
+
+class KafkaSocket:
+    """A blocking loopback socket speaking framed Kafka requests; for pipelining tests."""
+
+    def __init__(self, address: str | tuple[str, int], timeout_s: float = 10.0) -> None:
+        if isinstance(address, str):
+            host, _, port = address.rpartition(":")
+            address = (host, int(port))
+        self.address = address
+        self.sock = socket.create_connection(address, timeout=timeout_s)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.timeout_s = timeout_s
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def __enter__(self) -> KafkaSocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _recv_exact(self, n: int) -> bytes:
+        chunks: list[bytes] = []
+        got = 0
+        deadline = time.monotonic() + self.timeout_s
+        while got < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"waited {self.timeout_s}s for {n - got} more bytes")
+            self.sock.settimeout(remaining)
+            try:
+                chunk = self.sock.recv(n - got)
+            except ConnectionResetError as error:
+                raise ConnectionClosed("connection reset") from error
+            if not chunk:
+                raise ConnectionClosed(f"EOF after {got} of {n} bytes")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def recv_frame(self) -> bytes:
+        """One response payload (without its size prefix)."""
+        (size,) = _SIZE.unpack(self._recv_exact(4))
+        assert 0 <= size < 64 * 1024 * 1024, f"implausible response size {size}"
+        return self._recv_exact(size)
+
+    def expect_closed(self, timeout_s: float = 10.0) -> bytes:
+        """Wait until the peer closes the connection; returns whatever bytes arrived first
+        (callers assert it is empty: no response to a bad request)."""
+        received = b""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(
+                    f"connection still open after {timeout_s}s (received {received[:64]!r})"
+                )
+            self.sock.settimeout(remaining)
+            try:
+                chunk = self.sock.recv(65536)
+            except (ConnectionResetError, BrokenPipeError):
+                return received
+            except TimeoutError:
+                continue
+            if not chunk:
+                return received
+            received += chunk
+
+
+def correlation_id_of(response_payload: bytes) -> int:
+    """Every response header (v0 and v1) starts with the correlation id."""
+    return int(_SIZE.unpack_from(response_payload, 0)[0])
+
+
+def encode_request(request: Any, version: int, correlation_id: int, client_id: str = "it") -> bytes:
+    request.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(request.encode(version=version, header=True, framed=True))
+
+
+def decode_response(cls: Any, payload: bytes, version: int) -> Any:
+    return cls.decode(payload, version=version, header=True)
+
+
+def api_versions_request(version: int = 3) -> ApiVersionsRequest:
+    if version >= 3:
+        return ApiVersionsRequest(
+            version=version, client_software_name="pidgate-it", client_software_version="1"
+        )
+    return ApiVersionsRequest(version=version)
+
+
+def metadata_request(topics: list[str] | None, version: int = 1) -> MetadataRequest:
+    topic_list = None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
+    kwargs: dict[str, Any] = {"version": version, "topics": topic_list}
+    if version >= 4:
+        kwargs["allow_auto_topic_creation"] = False
+    return MetadataRequest(**kwargs)
+
+
+def advertised_versions(address: str | tuple[str, int]) -> dict[int, tuple[int, int]]:
+    """api_key -> (min, max) as pidgate advertises it (ApiVersions v3 through ``address``)."""
+    with KafkaSocket(address) as conn:
+        conn.sendall(encode_request(api_versions_request(3), 3, 1))
+        response = decode_response(ApiVersionsResponse, conn.recv_frame(), 3)
+    assert response.error_code == 0
+    return {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+
+
+def init_producer_id(address: str | tuple[str, int], version: int = 4) -> tuple[int, int]:
+    """A fresh (producer_id, producer_epoch) from the broker, asked through ``address``.
+
+    tansu answers InitProducerId v0-2 with an error; v3+ works.
+    """
+    request = InitProducerIdRequest(
+        version=version,
+        transactional_id=None,
+        transaction_timeout_ms=60_000,
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    with KafkaSocket(address) as conn:
+        conn.sendall(encode_request(request, version, 1))
+        response = decode_response(InitProducerIdResponse, conn.recv_frame(), version)
+    assert response.error_code == 0, response
+    return response.producer_id, response.producer_epoch
+
+
+def record_batch(
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    count: int = 1,
+    value_prefix: bytes = b"v",
+) -> bytes:
+    """One RecordBatch v2 (uncompressed) with ``count`` records."""
+    builder = MemoryRecordsBuilder(
+        magic=2,
+        compression_type=0,
+        batch_size=1 << 20,
+        offset=0,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+    now_ms = int(time.time() * 1000)
+    for i in range(count):
+        builder.append(timestamp=now_ms, key=b"k%d" % i, value=value_prefix + b"%d" % i)
+    builder.close()
+    return bytes(builder.buffer())
+
+
+def produce_request(
+    version: int,
+    topic: str,
+    records: bytes,
+    acks: int = -1,
+    partition: int = 0,
+    topic_id: uuid.UUID | None = None,
+) -> ProduceRequest:
+    T = ProduceRequest.TopicProduceData
+    P = T.PartitionProduceData
+    topic_kwargs: dict[str, Any] = {"partition_data": [P(index=partition, records=records)]}
+    if version >= 13:
+        assert topic_id is not None
+        topic_kwargs["topic_id"] = topic_id
+    else:
+        topic_kwargs["name"] = topic
+    kwargs: dict[str, Any] = {
+        "version": version,
+        "acks": acks,
+        "timeout_ms": 10_000,
+        "topic_data": [T(**topic_kwargs)],
+    }
+    if version >= 3:
+        kwargs["transactional_id"] = None
+    return ProduceRequest(**kwargs)
+
+
+def produce_partition_errors(response: Any) -> list[int]:
+    return [p.error_code for t in response.responses for p in t.partition_responses]
+
+
+def decode_produce(payload: bytes, version: int) -> Any:
+    return decode_response(ProduceResponse, payload, version)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout_s: float = 20.0) -> None:
+    """Create ``name`` through ``bootstrap`` (pidgate) with confluent-kafka's AdminClient."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+        operation_timeout=timeout_s,
+        request_timeout=timeout_s,
+    )
+    futures[name].result(timeout=timeout_s)
+    wait_until(
+        lambda: name in admin.list_topics(timeout=5).topics,
+        timeout_s,
+        f"topic {name} visible in metadata",
+    )
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(step_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}")
+
+
+class PidgateProcess:
+    """``python -m pidgate serve`` as a child process on loopback; stderr (JSON logs) to a file.
+
+    Stopped only by its own PID (SIGTERM, then SIGKILL after a bound).
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        listen_port: int,
+        broker_port_base: int | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.listen_port = listen_port
+        self.bootstrap = f"127.0.0.1:{listen_port}"
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in close()
+            prefix="pidgate-", suffix=".log", delete=False
+        )
+        self.log_path = Path(self._log.name)
+        args = [
+            sys.executable,
+            "-m",
+            "pidgate",
+            "serve",
+            "--upstream",
+            upstream,
+            "--listen",
+            self.bootstrap,
+            "--log-level",
+            "info",
+            *extra_args,
+        ]
+        if broker_port_base is not None:
+            args += ["--broker-port-base", str(broker_port_base)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIDGATE_")}
+        env["PIDGATE_LOGGING_FORMAT"] = "json"
+        self.process = subprocess.Popen(
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_listening(self, timeout_s: float = 20.0) -> PidgateProcess:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"pidgate exited with {self.process.returncode}: {self.log_text()[-2000:]}"
+                )
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.listen_port), 0.2),
+            ):
+                return self
+            time.sleep(0.05)
+        raise AssertionError(f"pidgate did not listen on {self.bootstrap} in {timeout_s}s")
+
+    def log_text(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+    def log_events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log_text().splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    events.append(entry)
+        return events
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit code (SIGKILL and raise if it hangs)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+                raise AssertionError(f"pidgate ignored SIGTERM for {timeout_s}s") from None
+        return int(self.process.returncode)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+        self._log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log_path)
