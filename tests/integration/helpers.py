@@ -136,7 +136,9 @@ def api_versions_request(version: int = 3) -> ApiVersionsRequest:
 
 
 def metadata_request(topics: list[str] | None, version: int = 1) -> MetadataRequest:
-    topic_list = None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
+    topic_list = (
+        None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
+    )
     kwargs: dict[str, Any] = {"version": version, "topics": topic_list}
     if version >= 4:
         kwargs["allow_auto_topic_creation"] = False
@@ -250,7 +252,9 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05) -> None:
+def wait_until(
+    check: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():

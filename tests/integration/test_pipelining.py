@@ -66,7 +66,9 @@ def test_pipelined_responses_keep_request_order_around_a_rejection(
             101,
             "produce A (new PID, admitted)",
             encode_request(
-                produce_request(version, topic, record_batch(pid_a, epoch_a, 0, count=2)), version, 101
+                produce_request(version, topic, record_batch(pid_a, epoch_a, 0, count=2)),
+                version,
+                101,
             ),
         ),
         (
@@ -78,14 +80,18 @@ def test_pipelined_responses_keep_request_order_around_a_rejection(
             103,
             "produce B (new PID, over quota)",
             encode_request(
-                produce_request(version, topic, record_batch(pid_b, epoch_b, 0, count=1)), version, 103
+                produce_request(version, topic, record_batch(pid_b, epoch_b, 0, count=1)),
+                version,
+                103,
             ),
         ),
         (
             104,
             "produce A again (known PID)",
             encode_request(
-                produce_request(version, topic, record_batch(pid_a, epoch_a, 2, count=1)), version, 104
+                produce_request(version, topic, record_batch(pid_a, epoch_a, 2, count=1)),
+                version,
+                104,
             ),
         ),
         (105, "api versions", encode_request(api_versions_request(3), 3, 105)),
