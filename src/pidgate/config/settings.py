@@ -31,7 +31,11 @@ class _Frozen(BaseModel):
 class UserQuota(_Frozen):
     """Quota values for one user entity (``users.<name>`` or ``users.<default>``)."""
 
-    producer_ids_rate: Annotated[int, Field(ge=0)] | None = None
+    producer_ids_rate: int | None = Field(
+        None,
+        ge=0,
+        description="new PIDs this user may activate per quota window; none = unlimited",
+    )
 
 
 def _host_port(value: object) -> object:
@@ -41,21 +45,47 @@ def _host_port(value: object) -> object:
 class QuotaSettings(_Frozen):
     """KIP-936 quota configuration, under Kafka's own key names."""
 
-    window_size_seconds: Annotated[
-        int, Field(ge=1, alias="producer.id.quota.window.size.seconds")
-    ] = 3600
-    window_num: Annotated[int, Field(ge=1, le=1000, alias="producer.id.quota.window.num")] = 11
-    false_positive_rate: Annotated[
-        float, Field(gt=0.0, lt=1.0, alias="producer.id.quota.cache.false.positive.rate")
-    ] = 0.001
-    cleanup_interval_ms: Annotated[
-        int, Field(ge=10, alias="producer.id.quota.cache.cleanup.scheduler.interval.ms")
-    ] = 10_000
-    #: ``users: {"<default>": {producer_ids_rate: 100}, alice: {producer_ids_rate: 50}}``
-    users: dict[str, UserQuota] = Field(default_factory=dict)
-    #: Global memory caps; past them the idlest principal is evicted (and counted).
-    max_principals: Annotated[int, Field(ge=1)] = 100_000
-    max_total_bits: Annotated[int, Field(ge=1024)] = 8 * 256 * 1024 * 1024  # 256 MiB of Bloom bits
+    window_size_seconds: int = Field(
+        3600,
+        ge=1,
+        alias="producer.id.quota.window.size.seconds",
+        description="the quota window: producer_ids_rate is per this many seconds, and a PID "
+        "is remembered this long after its last request (KIP-936)",
+    )
+    window_num: int = Field(
+        11,
+        ge=1,
+        le=1000,
+        alias="producer.id.quota.window.num",
+        description="time layers of the per-principal Bloom filter across one window",
+    )
+    false_positive_rate: float = Field(
+        0.001,
+        gt=0.0,
+        lt=1.0,
+        alias="producer.id.quota.cache.false.positive.rate",
+        description="Bloom false-positive rate: the chance a new PID passes free (fails open)",
+    )
+    cleanup_interval_ms: int = Field(
+        10_000,
+        ge=10,
+        alias="producer.id.quota.cache.cleanup.scheduler.interval.ms",
+        description="how often expired layers and idle principals are dropped",
+    )
+    users: dict[str, UserQuota] = Field(
+        default_factory=dict,
+        description="per-user quotas, `{<default>: {producer_ids_rate: N}, alice: {...}}`; "
+        "precedence users.<name>, then users.<default>, then unlimited",
+    )
+    max_principals: int = Field(
+        100_000, ge=1, description="principals tracked at most; the idlest is evicted first"
+    )
+    max_total_bits: int = Field(
+        2**30,
+        ge=1024,
+        description="Bloom bits across all principals at most (2^30 bits = 128 MiB); the "
+        "idlest principal is evicted first",
+    )
 
     @property
     def window_ms(self) -> int:
@@ -87,17 +117,23 @@ class QuotaSettings(_Frozen):
 class RejectionSettings(_Frozen):
     """How a throttled Produce is answered (DESIGN.md "Rejection that every client survives")."""
 
-    #: Error code per client library, matched against ApiVersions ``client_software_name``
-    #: (case-insensitive substring; the longest match wins). ``default`` applies otherwise.
-    #: 89 THROTTLING_QUOTA_EXCEEDED is retriable for the Java client and kafka-python; librdkafka
-    #: fails a message permanently on 89, so it gets 19 NOT_ENOUGH_REPLICAS, which it retries
-    #: with the same PID and sequence (verified by tests/integration/test_throttling.py).
+    # 89 THROTTLING_QUOTA_EXCEEDED is retriable for the Java client and kafka-python; librdkafka
+    # fails a message permanently on 89, so it gets 19 NOT_ENOUGH_REPLICAS, which it retries
+    # with the same PID and sequence (verified by tests/integration/test_throttling.py).
     error_codes: dict[str, int] = Field(
-        default_factory=lambda: {"default": 89, "librdkafka": 19, "confluent-kafka": 19}
+        default_factory=lambda: {"default": 89, "librdkafka": 19, "confluent-kafka": 19},
+        description="error code for a throttled Produce per client library, matched against "
+        "ApiVersions client_software_name (substring, case-insensitive, longest wins); "
+        "`default` otherwise",
     )
-    #: KIP-219: after answering, the client connection is muted for throttle_time_ms, capped here
-    #: so a long window can't stall a connection beyond the clients' request timeouts.
-    max_mute_ms: Annotated[int, Field(ge=0)] = 10_000
+    # KIP-219: answer at once, then mute; capped so a long window can't stall a connection past
+    # the clients' request timeouts (they would disconnect and reconnect, which costs more).
+    max_mute_ms: int = Field(
+        10_000,
+        ge=0,
+        description="after a rejection the client connection is not read for throttle_time_ms, "
+        "at most this long",
+    )
 
     @field_validator("error_codes")
     @classmethod
@@ -113,27 +149,60 @@ class RejectionSettings(_Frozen):
 class ProxySettings(_Frozen):
     """Listeners, upstream brokers, routing and per-connection limits."""
 
-    listen: HostPort = HostPort(host="127.0.0.1", port=9092)
-    upstream: tuple[HostPort, ...] = ()
-    mode: Literal["gateway", "sidecar"] = "gateway"
-    #: Host put into rewritten broker endpoints; defaults to the listen host.
-    advertised_host: str | None = None
-    #: gateway: broker ``node_id`` is fronted on ``broker_port_base + node_id``;
-    #: defaults to the listen port + 1.
-    broker_port_base: Annotated[int, Field(ge=1, le=65535)] | None = None
-    #: gateway: explicit node_id -> port, overrides broker_port_base for those nodes.
-    broker_ports: dict[int, Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=dict)
-    #: sidecar: upstream "host:port" -> advertised "host:port"; unmapped endpoints stay as is.
-    advertised_endpoints: dict[str, HostPort] = Field(default_factory=dict)
-    max_frame_bytes: Annotated[int, Field(ge=1024)] = KAFKA_SOCKET_REQUEST_MAX_BYTES
-    #: Responses may be large (Fetch); the bound keeps a bad upstream from exhausting memory.
-    max_response_frame_bytes: Annotated[int, Field(ge=1024)] = 4 * KAFKA_SOCKET_REQUEST_MAX_BYTES
-    #: Requests awaiting a response on one connection before pidgate stops reading it.
-    max_in_flight_requests: Annotated[int, Field(ge=1)] = 100
-    #: Bytes buffered towards one peer before the other side stops being read (backpressure).
-    write_buffer_high_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
-    upstream_connect_timeout_ms: Annotated[int, Field(ge=1)] = 10_000
-    shutdown_grace_ms: Annotated[int, Field(ge=0)] = 10_000
+    listen: HostPort = Field(
+        HostPort(host="127.0.0.1", port=9092),
+        description="bootstrap listener HOST:PORT (loopback unless you say otherwise)",
+    )
+    upstream: tuple[HostPort, ...] = Field(
+        (), description="upstream broker(s) HOST:PORT, tried in order for bootstrap (required)"
+    )
+    mode: Literal["gateway", "sidecar"] = Field(
+        "gateway",
+        description="gateway: one pidgate for a cluster; sidecar: one pidgate per broker",
+    )
+    advertised_host: str | None = Field(
+        None, description="host put into rewritten broker endpoints; default the listen host"
+    )
+    broker_port_base: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="gateway: broker node_id is fronted on this + node_id; default listen port + 1",
+    )
+    broker_ports: dict[int, Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=dict,
+        description="gateway: explicit node_id -> port, overrides broker_port_base",
+    )
+    advertised_endpoints: dict[str, HostPort] = Field(
+        default_factory=dict,
+        description="sidecar: upstream HOST:PORT -> advertised HOST:PORT; unmapped endpoints "
+        "are left as the broker sent them",
+    )
+    max_frame_bytes: int = Field(
+        KAFKA_SOCKET_REQUEST_MAX_BYTES,
+        ge=1024,
+        description="largest request frame; larger closes the connection (Kafka's "
+        "socket.request.max.bytes)",
+    )
+    max_response_frame_bytes: int = Field(
+        4 * KAFKA_SOCKET_REQUEST_MAX_BYTES,
+        ge=1024,
+        description="largest response frame accepted from a broker",
+    )
+    max_in_flight_requests: int = Field(
+        100, ge=1, description="requests awaiting a response before a client is no longer read"
+    )
+    write_buffer_high_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="bytes queued towards one side before the other side is no longer read",
+    )
+    upstream_connect_timeout_ms: int = Field(
+        10_000, ge=1, description="time to connect to a broker before the client is closed"
+    )
+    shutdown_grace_ms: int = Field(
+        10_000, ge=0, description="on SIGTERM/SIGINT, time for in-flight requests to finish"
+    )
 
     _parse_listen = field_validator("listen", mode="before")(_host_port)
 
@@ -182,12 +251,14 @@ class ProxySettings(_Frozen):
 
 
 class LoggingSettings(_Frozen):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    #: auto: pretty on a TTY, JSON Lines otherwise.
-    format: Literal["auto", "json", "console"] = "auto"
-    #: At most this many events of one kind per key per interval (a storm can't flood the log).
-    rate_limit_events: Annotated[int, Field(ge=1)] = 5
-    rate_limit_interval_ms: Annotated[int, Field(ge=1)] = 10_000
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto: pretty on a TTY, JSON Lines otherwise"
+    )
+    rate_limit_events: int = Field(
+        5, ge=1, description="at most this many lines of one event per key per interval"
+    )
+    rate_limit_interval_ms: int = Field(10_000, ge=1, description="the rate-limit interval")
 
 
 class Settings(_Frozen):
