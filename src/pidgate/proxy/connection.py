@@ -45,6 +45,11 @@ from pidgate.proxy.context import ProxyContext
 PRODUCE = 0
 API_VERSIONS = 18
 _API_KEY_VERSION_CORRELATION = struct.Struct(">hhi")
+_CORRELATION_ID = struct.Struct(">i")
+#: Correlation ids of acks=0 Produce requests remembered per connection, in case the broker
+#: answers them anyway (tansu does; Kafka brokers never do). Bounded, since a Kafka broker
+#: never answers them and so never clears them.
+_MAX_ACKS0_IDS = 1024
 
 Address = tuple[str, int]
 
@@ -103,6 +108,7 @@ class ClientConnection(asyncio.Protocol):
         self._inbox: deque[bytes] = deque()
         self._slots: deque[_Slot] = deque()
         self._awaiting_upstream: deque[_Slot] = deque()
+        self._acks0_ids: deque[int] = deque(maxlen=_MAX_ACKS0_IDS)
         self._upstream: UpstreamConnection | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._unmute_handle: asyncio.TimerHandle | None = None
@@ -211,6 +217,8 @@ class ClientConnection(asyncio.Protocol):
 
     def on_upstream_frames(self, frames: list[bytes]) -> None:
         for response in frames:
+            if self._acks0_ids and self._answers_acks0(response):
+                continue
             if not self._awaiting_upstream:
                 self._fail_upstream(
                     "unexpected_response", "the broker answered a request never sent"
@@ -237,6 +245,21 @@ class ClientConnection(asyncio.Protocol):
                     continue
             slot.response = response
         self._flush_responses()
+
+    def _answers_acks0(self, response: bytes) -> bool:
+        """True when ``response`` answers an acks=0 Produce. Kafka brokers never send one, tansu
+        does; the client expects nothing, so it is dropped instead of failing the connection."""
+        if len(response) < 4 + _CORRELATION_ID.size:
+            return False
+        correlation_id = _CORRELATION_ID.unpack_from(response, 4)[0]
+        awaiting = self._awaiting_upstream
+        if awaiting and awaiting[0].correlation_id == correlation_id:
+            return False
+        try:
+            self._acks0_ids.remove(correlation_id)
+        except ValueError:
+            return False
+        return True
 
     def _fill(self, slot: _Slot, response: bytes, _ready: object = None) -> None:
         slot.response = response
@@ -325,6 +348,8 @@ class ClientConnection(asyncio.Protocol):
             slot = _Slot(header.api_key, header.api_version, header.correlation_id)
             self._slots.append(slot)
             self._awaiting_upstream.append(slot)
+        elif header.api_key == PRODUCE:
+            self._acks0_ids.append(header.correlation_id)
         return True
 
     def _reject(
