@@ -34,8 +34,10 @@ from tests.integration.helpers import (
     api_versions_request,
     correlation_id_of,
     create_topic,
+    decode_produce,
     decode_response,
     encode_request,
+    produce_partition_errors,
     produce_request,
     record_batch,
     unique_name,
@@ -135,6 +137,12 @@ def garbage(seed: int) -> Callable[[], tuple[bytes, bool]]:
     return build
 
 
+def produce_header_random_body() -> tuple[bytes, bool]:
+    # A valid Produce v9 request header followed by noise: the Produce walk must refuse it.
+    rng = random.Random(7)
+    return framed(request_header(0, 9, 1, True) + rng.randbytes(64)), False
+
+
 def unknown_api_key() -> tuple[bytes, bool]:
     return framed(request_header(9999, 0, 1, False) + b"\x00" * 8), False
 
@@ -171,6 +179,7 @@ BAD_INPUTS: dict[str, Callable[[], tuple[bytes, bool]]] = {
     "garbage_1": garbage(1),
     "garbage_2": garbage(2),
     "garbage_3": garbage(3),
+    "produce_header_random_body": produce_header_random_body,
     "unknown_api_key": unknown_api_key,
     "known_api_version_above_advertised": version_above_advertised,
     "negative_size_prefix": negative_size,
@@ -263,8 +272,6 @@ def test_unreachable_upstream_closes_the_client_and_pidgate_recovers() -> None:
                 conn.sendall(encode_request(produce_request(9, topic, record_batch(count=2)), 9, 4))
                 payload = conn.recv_frame()
             assert correlation_id_of(payload) == 4
-            from tests.integration.helpers import decode_produce, produce_partition_errors
-
             assert produce_partition_errors(decode_produce(payload, 9)) == [0]
             assert gate.terminate() == 0
     finally:
