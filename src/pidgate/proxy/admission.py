@@ -14,7 +14,6 @@ from typing import Protocol
 
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
-from pidgate.quota.policy import QuotaPolicy
 
 #: Principal for connections on PLAINTEXT listeners, as Kafka names it.
 ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"
@@ -55,26 +54,6 @@ class DecisionObserver(Protocol):
     ) -> None: ...
 
 
-def quota_policy_from(
-    window_ms: int,
-    window_num: int,
-    false_positive_rate: float,
-    default_producer_ids_rate: int | None,
-    user_producer_ids_rates: Mapping[str, int],
-    max_principals: int,
-    max_total_bits: int,
-) -> QuotaPolicy:
-    return QuotaPolicy(
-        window_ms=window_ms,
-        window_num=window_num,
-        false_positive_rate=false_positive_rate,
-        default_producer_ids_rate=default_producer_ids_rate,
-        user_producer_ids_rates=dict(user_producer_ids_rates),
-        max_principals=max_principals,
-        max_total_bits=max_total_bits,
-    )
-
-
 class Gatekeeper:
     """Asks the quota manager about each Produce request and tells the observers."""
 
@@ -102,6 +81,5 @@ __all__ = [
     "ProduceContext",
     "Rejected",
     "monotonic_ms",
-    "quota_policy_from",
     "rejection_error_code",
 ]

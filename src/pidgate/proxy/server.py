@@ -19,13 +19,13 @@ from pidgate.proxy.admission import (
     Gatekeeper,
     ProduceContext,
     monotonic_ms,
-    quota_policy_from,
 )
 from pidgate.proxy.connection import ClientConnection
 from pidgate.proxy.context import ProxyContext
 from pidgate.proxy.logs import RateLimitedLog, get_logger
 from pidgate.proxy.routing import Address, BrokerRoute, Router
 from pidgate.quota.manager import Admitted, Decision, QuotaManager
+from pidgate.quota.policy import QuotaPolicy
 
 
 @dataclass
@@ -55,7 +55,7 @@ class DecisionCounters:
 def quota_manager_for(settings: Settings) -> QuotaManager:
     quota = settings.quota
     return QuotaManager(
-        quota_policy_from(
+        QuotaPolicy(
             window_ms=quota.window_ms,
             window_num=quota.window_num,
             false_positive_rate=quota.false_positive_rate,
