@@ -11,13 +11,14 @@ import threading
 from types import TracebackType
 
 from pidgate.config import Settings
+from pidgate.proxy.admission import DecisionObserver
 from pidgate.proxy.runtime import new_event_loop
 from pidgate.proxy.server import ProxyServer
 
 
 class BackgroundProxy:
-    def __init__(self, settings: Settings) -> None:
-        self.server = ProxyServer(settings)
+    def __init__(self, settings: Settings, observers: tuple[DecisionObserver, ...] = ()) -> None:
+        self.server = ProxyServer(settings, observers)
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._run, name="pidgate-proxy", daemon=True)
         self._started = threading.Event()

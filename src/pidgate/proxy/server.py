@@ -118,7 +118,8 @@ class ProxyServer:
         deadline = monotonic_ms() + self.settings.proxy.shutdown_grace_ms
         while monotonic_ms() < deadline and any(not conn.idle for conn in self.context.connections):
             await asyncio.sleep(0.05)
-        for conn in list(self.context.connections):
+        closing = list(self.context.connections)
+        for conn in closing:
             conn.close()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
@@ -127,7 +128,7 @@ class ProxyServer:
         for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
-        get_logger().info("pidgate_stopped", connections_closed=len(self.context.connections))
+        get_logger().info("pidgate_stopped", connections_closed=len(closing))
 
     # -- addresses ----------------------------------------------------------------------------
 
