@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -38,7 +38,6 @@ from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import ANONYMOUS_PRINCIPAL, ProduceContext, Rejected, monotonic_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
-from pidgate.proxy.server import ProxyServer
 from pidgate.quota.manager import Decision
 
 #: The scenario's numbers: with 5 new PIDs per 10 s (a token every 2 s, burst 5) and a new
@@ -58,7 +57,7 @@ STORM_CLIENT_PREFIX = "demo-storm-"
 
 _EXIT_OK = 0
 _EXIT_SETUP_FAILED = 1
-_EXIT_INTERRUPTED = 130
+_EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 _PURGED = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
@@ -73,7 +72,6 @@ def _out(line: str = "") -> None:
 @dataclass
 class _ClientDecisions:
     rejected_requests: int = 0
-    admitted_new_pids: int = 0
 
 
 class StormDecisionTracker:
@@ -100,8 +98,6 @@ class StormDecisionTracker:
                 entry = self._clients[client_id] = _ClientDecisions()
             if isinstance(decision, Rejected):
                 entry.rejected_requests += 1
-            else:
-                entry.admitted_new_pids += len(decision.new_producer_ids)
 
     def rejected_requests(self, client_id: str) -> int:
         with self._lock:
@@ -291,7 +287,6 @@ class Storm:
     """Starts a new ``StormProducer`` every ``interval_s`` from ``start_s`` to ``end_s``
     (seconds since ``t0``), at most ``max_producers``, each in its own thread."""
 
-    bootstrap: str
     t0: float
     start_s: float
     end_s: float
@@ -353,19 +348,27 @@ def demo_settings(broker: EmbeddedBroker) -> Settings:
     )
 
 
-def _log_to_file(log_file: TextIO) -> logging.Logger:
-    """pidgate's structlog events (JSON lines) and librdkafka's log lines go to ``log_file``,
-    so the terminal only shows the live view."""
+@contextlib.contextmanager
+def _logs_in_file() -> Iterator[tuple[logging.Logger, Path]]:
+    """pidgate's structlog events (JSON lines) and librdkafka's log lines go to a file that is
+    kept for the user, so the terminal only shows the live view. Yields the logger to give
+    librdkafka and the file's path; logging goes back to stderr afterwards."""
+    descriptor, name = tempfile.mkstemp(prefix="pidgate-demo-", suffix=".log")
+    log_file = open(descriptor, "w", buffering=1)  # noqa: SIM115 (closed below)
     configure_logging(LoggingSettings(level="info", format="json"))
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=log_file))
     rdkafka = logging.getLogger("pidgate.demo.librdkafka")
     rdkafka.propagate = False
     rdkafka.setLevel(logging.INFO)
-    if not rdkafka.handlers:
-        handler = logging.StreamHandler(log_file)
-        handler.setFormatter(logging.Formatter("%(asctime)s librdkafka %(message)s"))
-        rdkafka.addHandler(handler)
-    return rdkafka
+    handler = logging.StreamHandler(log_file)
+    handler.setFormatter(logging.Formatter("%(asctime)s librdkafka %(message)s"))
+    rdkafka.addHandler(handler)
+    try:
+        yield rdkafka, Path(name)
+    finally:
+        rdkafka.removeHandler(handler)
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+        log_file.close()
 
 
 def _create_topics(bootstrap: str, logger: logging.Logger, timeout_s: float = 20.0) -> None:
@@ -383,17 +386,36 @@ def _create_topics(bootstrap: str, logger: logging.Logger, timeout_s: float = 20
                 raise RuntimeError(f"creating topic {topic} through pidgate: {error}") from error
 
 
+class _Signalled(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM: stop the demo cleanly."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, _frame: object) -> None:
+    raise _Signalled(signum)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Let a second Ctrl-C not interrupt the (bounded) cleanup."""
+def _stop_signals(handler: Callable[[int, Any], None] | int) -> Iterator[None]:
+    """SIGINT and SIGTERM handled by ``handler`` inside the block (main thread only; elsewhere
+    Python cannot install handlers and the block runs as is). Installing the raising handler
+    explicitly also makes Ctrl-C work when the demo was started with SIGINT ignored (a shell's
+    background job); ``signal.SIG_IGN`` keeps a second Ctrl-C from cutting the bounded cleanup."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {signum: signal.signal(signum, handler) for signum in _STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 # -- the live view ---------------------------------------------------------------------------
@@ -439,6 +461,14 @@ def _header(
     _out("           NOT_ENOUGH_REPLICAS and retries) and mutes the connection for the throttle")
     _out("           time; each one gets through when a token frees up. Nothing is lost.")
     _out(f"  stop     after {duration_s:.0f} s, or Ctrl-C")
+    _out()
+    for line in (
+        "pidgate: new PIDs admitted, Produce requests rejected, PIDs waiting (rejected, not",
+        "admitted yet); steady producer: messages delivered per second, errors (stays 0);",
+        "storm producers: started, delivered, waiting (nothing delivered yet), failed;",
+        f"tokens left in {ANONYMOUS_PRINCIPAL}'s bucket (one token = one new producer ID).",
+    ):
+        _out(("  columns  " if line.startswith("pidgate:") else " " * 11) + line)
     _out()
     for line in _COLUMNS:
         _out(line)
@@ -503,40 +533,46 @@ def _summary(
     steady_ok = steady.errors == 0
     result = "interrupted" if interrupted else ("ok" if steady_ok and not failed else "errors")
 
+    def span(values: list[float]) -> str:
+        low, high = values[0], values[-1]
+        return f"{high:.1f} s" if round(low, 1) == round(high, 1) else f"{low:.1f} to {high:.1f} s"
+
     _out()
     _out(f"Summary after {elapsed_s:.1f} s{' (interrupted)' if interrupted else ''}:")
-    steady_line = (
-        f"  - steady producer: {steady.delivered} messages delivered, {steady.errors} errors"
-    )
+    _out(f"  - steady producer: {steady.delivered} messages delivered, {steady.errors} errors.")
     if steady_ok:
-        _out(steady_line + ": pidgate never got in its way.")
+        _out("      Its producer ID was known, so pidgate never got in its way.")
     else:
-        _out(steady_line + f" (last: {steady.last_error}).")
-    _out(
-        f"  - storm: {len(storm)} producers started, each with a new producer ID; "
-        f"{len(unthrottled_ok)} got in at once"
-        + (f" ({fast_waits[0]:.1f}-{fast_waits[-1]:.1f} s to deliver)." if fast_waits else ".")
-    )
-    if view is not None:
+        _out(f"      Last error: {steady.last_error}")
+    _out(f"  - storm: {len(storm)} producers started, each with a new producer ID.")
+    if unthrottled_ok:
         _out(
-            f"  - pidgate admitted {view.new_producer_ids_admitted} new producer IDs and rejected "
-            f"{view.produce_requests_rejected} Produce requests carrying not-yet-admitted ones."
+            f"      {len(unthrottled_ok)} got in at once, while tokens were left "
+            f"(delivered in {span(fast_waits)});"
         )
-    if throttled:
-        text = (
-            f"  - {len(throttled)} storm producers were throttled; {len(recovered)} of them "
-            "delivered once a token freed up"
+    _out(
+        f"      {len(throttled)} were throttled, and {len(recovered)} of those delivered once a "
+        "token freed up"
+        + (
+            f",\n      after {span(recovered_waits)} "
+            f"(median {statistics.median(recovered_waits):.1f} s)."
+            if recovered_waits
+            else "."
         )
-        if recovered_waits:
-            text += (
-                f", after {recovered_waits[0]:.1f}-{recovered_waits[-1]:.1f} s "
-                f"(median {statistics.median(recovered_waits):.1f} s)"
-            )
-        _out(text + ".")
-    if waiting:
-        _out(f"  - {len(waiting)} storm producers were still waiting at the end (purged).")
+    )
+    _out(
+        f"      {len(failed)} failed, {len(waiting)} still waiting at the end"
+        + (" (purged)." if waiting else ".")
+    )
     if failed:
-        _out(f"  - {len(failed)} storm producers FAILED (first: {failed[0].failed}).")
+        _out(f"      First failure: {failed[0].failed}")
+    if view is not None:
+        ceiling = int(PRODUCER_IDS_RATE + PRODUCER_IDS_RATE * elapsed_s / WINDOW_SECONDS)
+        _out(
+            f"  - pidgate: {view.new_producer_ids_admitted} new producer IDs admitted (the quota "
+            f"allows at most {ceiling} in {elapsed_s:.0f} s),"
+        )
+        _out(f"      {view.produce_requests_rejected} Produce requests rejected.")
     _out(f"  - pidgate's log: {log_path}")
     _out()
     _out("summary (key=value):")
@@ -615,94 +651,108 @@ class _Running:
         self.stop_broker()
 
 
+def _watch(
+    proxy: BackgroundProxy, steady: SteadyProducer, storm: Storm, t0: float, duration_s: float
+) -> None:
+    """The live view: one line a second until ``duration_s`` after ``t0``."""
+    last_delivered, last_at, tick = 0, t0, 1
+    view: ProxyView | None = None
+    end_at = t0 + duration_s
+    while True:
+        time.sleep(max(0.0, min(t0 + tick, end_at) - time.monotonic()))
+        now = time.monotonic()
+        if now >= end_at:
+            return
+        delivered = steady.delivered
+        rate = (delivered - last_delivered) / max(now - last_at, 1e-3)
+        last_delivered, last_at = delivered, now
+        view = read_proxy_view(proxy) or view
+        _out(_live_line(now - t0, view, rate, steady, storm.snapshot()))
+        tick += 1
+
+
 def run_demo(duration_s: float = 45.0) -> int:
-    """Run the demo for ``duration_s`` seconds (or until Ctrl-C). 0 on a clean run, 130 when
-    interrupted, 1 when setup failed."""
-    descriptor, name = tempfile.mkstemp(prefix="pidgate-demo-", suffix=".log")
-    log_path = Path(name)
-    log_file = open(descriptor, "w", buffering=1)  # noqa: SIM115 (kept for the user to read)
-    rdkafka_logger = _log_to_file(log_file)
-    running = _Running()
-    tracker = StormDecisionTracker(STORM_CLIENT_PREFIX, MAX_STORM_PRODUCERS)
-    interrupted = False
-    try:
+    """Run the demo for ``duration_s`` seconds (or until Ctrl-C / SIGTERM). 0 on a clean run,
+    128 + signal number when stopped by a signal (130 for Ctrl-C), 1 when setup failed."""
+    with _stop_signals(_raise_signalled):
         try:
-            _out("pidgate demo: starting an embedded tansu broker and pidgate ...")
-            running.broker = EmbeddedBroker().start()
-            proxy = BackgroundProxy(demo_settings(running.broker))
-            # Same settings, plus an observer that tells which storm producer was throttled.
-            proxy.server = ProxyServer(proxy.server.settings, observers=(tracker,))
-            running.proxy = proxy.start()
-            _create_topics(proxy.bootstrap, rdkafka_logger)
+            return _run(duration_s)
+        except _Signalled as signalled:  # during setup or cleanup's first steps
+            print(f"pidgate demo: stopped by {signalled}", file=sys.stderr)
+            return 128 + signalled.signum
         except KeyboardInterrupt:
-            raise
-        except Exception as error:
-            print(f"pidgate demo: setup failed: {error}", file=sys.stderr)
-            if running.broker is not None and running.broker.log_tail():
-                print(f"tansu log tail:\n{running.broker.log_tail()}", file=sys.stderr)
-            print(f"pidgate log: {log_path}", file=sys.stderr)
-            return _EXIT_SETUP_FAILED
+            return _EXIT_INTERRUPTED
 
-        message_timeout_ms = int((duration_s + 120) * 1000)
 
-        def config(client_id: str) -> dict[str, Any]:
-            return _producer_config(proxy.bootstrap, client_id, message_timeout_ms, rdkafka_logger)
-
-        _header(running.broker, proxy, duration_s, log_path)
-        t0 = time.monotonic()
-        running.steady = steady = SteadyProducer(config(STEADY_CLIENT_ID), running.stop)
-        steady.start()
-        running.storm = storm = Storm(
-            bootstrap=proxy.bootstrap,
-            t0=t0,
-            start_s=STORM_START_S,
-            end_s=STORM_START_S + _storm_seconds(duration_s),
-            interval_s=STORM_INTERVAL_S,
-            max_producers=MAX_STORM_PRODUCERS,
-            stop=running.stop,
-            config=config,
-        )
-        storm.start()
-
-        last_delivered, last_at, tick = 0, t0, 1
-        view: ProxyView | None = None
+def _run(duration_s: float) -> int:
+    with _logs_in_file() as (rdkafka_logger, log_path):
+        running = _Running()
+        tracker = StormDecisionTracker(STORM_CLIENT_PREFIX, MAX_STORM_PRODUCERS)
         try:
-            while True:
-                next_at = t0 + tick
-                end_at = t0 + duration_s
-                time.sleep(max(0.0, min(next_at, end_at) - time.monotonic()))
-                now = time.monotonic()
-                if now >= end_at:
-                    break
-                delivered = steady.delivered
-                rate = (delivered - last_delivered) / max(now - last_at, 1e-3)
-                last_delivered, last_at = delivered, now
-                view = read_proxy_view(proxy) or view
-                _out(_live_line(now - t0, view, rate, steady, storm.snapshot()))
-                tick += 1
-        except KeyboardInterrupt:
-            interrupted = True
-        elapsed_s = time.monotonic() - t0
-        with _sigint_ignored():
-            _out("stopping: producers, pidgate, broker ...")
-            # Producers first (each purges what is still waiting), then the final counts.
-            running.stop_producers()
-            view = read_proxy_view(proxy) or view
-            running.shut_down()
-            _summary(
-                elapsed_s=elapsed_s,
-                interrupted=interrupted,
-                view=view,
-                steady=steady,
-                storm=storm.snapshot(),
-                tracker=tracker,
-                log_path=log_path,
+            try:
+                _out("pidgate demo: starting an embedded tansu broker and pidgate ...")
+                # Assigned before start(), so that an interrupted start is still cleaned up.
+                running.broker = broker = EmbeddedBroker()
+                broker.start()
+                # The observer tells which storm producer was throttled.
+                running.proxy = proxy = BackgroundProxy(demo_settings(broker), observers=(tracker,))
+                proxy.start()
+                _create_topics(proxy.bootstrap, rdkafka_logger)
+            except Exception as error:
+                print(f"pidgate demo: setup failed: {error}", file=sys.stderr)
+                tail = broker.log_tail() if running.broker is not None else ""
+                if tail:
+                    print(f"tansu log tail:\n{tail}", file=sys.stderr)
+                print(f"pidgate log: {log_path}", file=sys.stderr)
+                return _EXIT_SETUP_FAILED
+
+            message_timeout_ms = int((duration_s + 120) * 1000)
+
+            def config(client_id: str) -> dict[str, Any]:
+                return _producer_config(
+                    proxy.bootstrap, client_id, message_timeout_ms, rdkafka_logger
+                )
+
+            _header(broker, proxy, duration_s, log_path)
+            t0 = time.monotonic()
+            running.steady = steady = SteadyProducer(config(STEADY_CLIENT_ID), running.stop)
+            running.storm = storm = Storm(
+                t0=t0,
+                start_s=STORM_START_S,
+                end_s=STORM_START_S + _storm_seconds(duration_s),
+                interval_s=STORM_INTERVAL_S,
+                max_producers=MAX_STORM_PRODUCERS,
+                stop=running.stop,
+                config=config,
             )
-        return _EXIT_INTERRUPTED if interrupted else _EXIT_OK
-    except KeyboardInterrupt:
-        print("pidgate demo: interrupted during setup", file=sys.stderr)
-        return _EXIT_INTERRUPTED
-    finally:
-        with _sigint_ignored():
-            running.shut_down()
-            log_file.close()
+            signalled: _Signalled | None = None
+            try:
+                steady.start()
+                storm.start()
+                _watch(proxy, steady, storm, t0, duration_s)
+            except _Signalled as stop_signal:
+                signalled = stop_signal
+            elapsed_s = time.monotonic() - t0
+            with _stop_signals(signal.SIG_IGN):
+                _out(
+                    f"stopping ({signalled} received): producers, pidgate, broker ..."
+                    if signalled
+                    else "stopping: producers, pidgate, broker ..."
+                )
+                # Producers first (each purges what is still waiting), then the final counts.
+                running.stop_producers()
+                view = read_proxy_view(proxy)
+                running.shut_down()
+                _summary(
+                    elapsed_s=elapsed_s,
+                    interrupted=signalled is not None,
+                    view=view,
+                    steady=steady,
+                    storm=storm.snapshot(),
+                    tracker=tracker,
+                    log_path=log_path,
+                )
+            return _EXIT_OK if signalled is None else 128 + signalled.signum
+        finally:
+            with _stop_signals(signal.SIG_IGN):
+                running.shut_down()
