@@ -9,9 +9,15 @@ acks=0 Produce requests get no response at all.
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
 from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 
+from pidgate.proxy.background import BackgroundProxy
 from tests.integration.conftest import anonymous_quota
 from tests.integration.helpers import (
     PRODUCE_KEY,
@@ -158,3 +164,37 @@ def test_acks_zero_produce_gets_no_response(start_proxy, version: int) -> None:
     assert produce_partition_errors(response) == [0]
     # Both acks=0 requests (3 records each) were written before the acknowledged one.
     assert response.responses[0].partition_responses[0].base_offset == 6
+
+
+def test_client_that_does_not_read_is_bounded_and_loses_nothing(
+    start_proxy: Callable[..., BackgroundProxy],
+) -> None:
+    """Backpressure: a client pipelining thousands of requests without reading responses.
+    pidgate stops reading it (at most max_in_flight_requests owed, a bounded buffer towards
+    it) instead of buffering megabytes; nothing is dropped, and every response arrives, in
+    order, once the client reads."""
+    max_in_flight = 8
+    proxy = start_proxy(
+        proxy={"max_in_flight_requests": max_in_flight, "write_buffer_high_bytes": 1024}
+    )
+    # Big responses (metadata for topics with long names), so that what pidgate would have to
+    # buffer without backpressure (~25 MB) is far beyond what the kernel's socket buffers hold.
+    topics = [unique_name("backpressure-" + "x" * 200) for _ in range(20)]
+    for topic in topics:
+        create_topic(proxy.bootstrap, topic)
+    request_count = 5000
+    frames = b"".join(
+        encode_request(metadata_request(topics, version=1), 1, correlation_id)
+        for correlation_id in range(request_count)
+    )
+    with KafkaSocket(proxy.bootstrap, timeout_s=30) as client:
+        sender = threading.Thread(target=client.sock.sendall, args=(frames,), daemon=True)
+        sender.start()  # blocks once pidgate stops reading; that is the point
+        time.sleep(2.0)
+        (connection,) = proxy.server.context.connections
+        assert len(connection._slots) <= max_in_flight
+        buffered_towards_client = connection.transport.get_write_buffer_size()
+        assert buffered_towards_client <= 64 * 1024, buffered_towards_client
+        received = [correlation_id_of(client.recv_frame()) for _ in range(request_count)]
+        sender.join(30)
+    assert received == list(range(request_count))

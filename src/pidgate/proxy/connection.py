@@ -245,6 +245,8 @@ class ClientConnection(asyncio.Protocol):
                     continue
             slot.response = response
         self._flush_responses()
+        if self._inbox:
+            self._process_inbox()
 
     def _answers_acks0(self, response: bytes) -> bool:
         """True when ``response`` answers an acks=0 Produce. Kafka brokers never send one, tansu
@@ -264,6 +266,8 @@ class ClientConnection(asyncio.Protocol):
     def _fill(self, slot: _Slot, response: bytes, _ready: object = None) -> None:
         slot.response = response
         self._flush_responses()
+        if self._inbox:
+            self._process_inbox()
 
     def _transform_response(self, slot: _Slot, response: bytes, body_offset: int) -> bytes:
         payload = memoryview(response)[4:]
@@ -288,7 +292,16 @@ class ClientConnection(asyncio.Protocol):
         if upstream is None or self.closed:
             return
         forward: list[bytes] = []
-        while self._inbox and not self._gate.holds("mute") and not self.closed:
+        # At most max_in_flight_requests responses owed at once: past that, frames wait in the
+        # inbox (at most one read's worth: reading is paused) until responses drain.
+        max_in_flight = self._settings.proxy.max_in_flight_requests
+        slots = self._slots
+        while (
+            self._inbox
+            and len(slots) < max_in_flight
+            and not self._gate.holds("mute")
+            and not self.closed
+        ):
             request = self._inbox.popleft()
             try:
                 if self._handle_request(request):
