@@ -9,7 +9,6 @@ acks=0 Produce requests get no response at all.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
