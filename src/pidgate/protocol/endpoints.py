@@ -204,14 +204,14 @@ def _decode(api_key: int, api_version: int, buf: memoryview) -> Any:
 def _endpoint_holders(api_key: int, api_version: int, msg: Any) -> list[tuple[Any, str]]:
     """(object with host/port, name of its node id attribute) for every live endpoint."""
     if api_key == METADATA_KEY:
-        return [(b, "node_id") for b in msg.brokers]
+        return [(b, "node_id") for b in msg.brokers or ()]
     if api_key == DESCRIBE_CLUSTER_KEY:
-        return [(b, "broker_id") for b in msg.brokers]
+        return [(b, "broker_id") for b in msg.brokers or ()]
     if api_version < FIRST_FIND_COORDINATOR_BATCHED_VERSION:
         if msg.error_code != 0 or msg.node_id < 0:
             return []
         return [(msg, "node_id")]
-    return [(c, "node_id") for c in msg.coordinators if c.error_code == 0 and c.node_id >= 0]
+    return [(c, "node_id") for c in msg.coordinators or () if c.error_code == 0 and c.node_id >= 0]
 
 
 def rewrite_endpoints(

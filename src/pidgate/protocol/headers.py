@@ -115,17 +115,17 @@ def parse_request_header(payload: bytes | bytearray | memoryview) -> RequestHead
         correlation_id = I32.unpack_from(buf, 4)[0]
         known = KNOWN_API_VERSIONS.get(api_key)
         if known is None:
+            # No header values in the message: bytes that are not a Kafka request (e.g. a raw
+            # SASL token after a v0 handshake) may hold credentials, and messages get logged.
             raise UnsupportedApiError(
-                f"unknown api key {api_key} (version {api_version}, "
-                f"correlation_id {correlation_id})",
+                "a request with an api key pidgate does not know",
                 api_key=api_key,
                 api_version=api_version,
                 correlation_id=correlation_id,
             )
         if not known[0] <= api_version <= known[1]:
             raise UnsupportedApiError(
-                f"api key {api_key} version {api_version} outside supported "
-                f"{known[0]}..{known[1]} (correlation_id {correlation_id})",
+                f"api key {api_key} version {api_version} outside supported {known[0]}..{known[1]}",
                 api_key=api_key,
                 api_version=api_version,
                 correlation_id=correlation_id,
