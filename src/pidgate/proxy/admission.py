@@ -8,7 +8,7 @@ Owns: ``Gatekeeper``, ``rejection_error_code``, the ``DecisionObserver`` protoco
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,9 +57,16 @@ class DecisionObserver(Protocol):
 class Gatekeeper:
     """Asks the quota manager about each Produce request and tells the observers."""
 
-    def __init__(self, quota: QuotaManager, observers: Sequence[DecisionObserver] = ()) -> None:
+    def __init__(
+        self,
+        quota: QuotaManager,
+        observers: Sequence[DecisionObserver] = (),
+        on_observer_error: Callable[[DecisionObserver, Exception], None] | None = None,
+    ) -> None:
         self.quota = quota
         self._observers = tuple(observers)
+        self._on_observer_error = on_observer_error
+        self.observer_errors = 0
 
     def check(self, context: ProduceContext, request: ProduceRequestSummary) -> Decision | None:
         """None when the request carries no PID (never throttled), else the quota decision."""
@@ -69,7 +76,12 @@ class Gatekeeper:
         decision = self.quota.admit(context.principal, producer_ids, monotonic_ms())
         if self._observers and (isinstance(decision, Rejected) or decision.new_producer_ids):
             for observer in self._observers:
-                observer.on_decision(context, request, decision)
+                try:
+                    observer.on_decision(context, request, decision)
+                except Exception as error:  # observers (logs, metrics, event log) never
+                    self.observer_errors += 1  # change what happens to the request itself
+                    if self._on_observer_error is not None:
+                        self._on_observer_error(observer, error)
         return decision
 
 

@@ -118,6 +118,11 @@ class ClientConnection(asyncio.Protocol):
         self.client_id: str | None = None
         self.client_software = ClientSoftware(name=None, version=None)
         self.closed = False
+        # Per-connection values the hot path would otherwise rebuild for every Produce.
+        self._produce_context: ProduceContext | None = None
+        self._rejection_error_code = rejection_error_code(
+            None, self._settings.rejection.error_codes
+        )
 
     # -- asyncio.Protocol (client side) ------------------------------------------------------
 
@@ -144,6 +149,11 @@ class ClientConnection(asyncio.Protocol):
             return
         self._inbox.extend(frames)
         self._process_inbox()
+
+    def begin_shutdown(self) -> None:
+        """Stop reading: requests already read are still forwarded and answered; anything the
+        client sends after this is never forwarded, so its retry elsewhere cannot duplicate."""
+        self._gate.pause("shutdown")
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -172,7 +182,8 @@ class ClientConnection(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        """No request is waiting for a response (graceful shutdown waits for this)."""
+        """No request read from the client is waiting for a response (graceful shutdown
+        waits for this after ``begin_shutdown``)."""
         return not self._slots and not self._inbox
 
     def close(self) -> None:
@@ -192,7 +203,9 @@ class ClientConnection(asyncio.Protocol):
                     loop.create_connection(lambda: UpstreamConnection(self), host, port),
                     timeout_s,
                 )
-            except (TimeoutError, OSError) as error:
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # OSError, timeout, and e.g. UnicodeError for bad hosts
                 last_error = error
                 continue
             if self.closed:
@@ -204,7 +217,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self._context.log.warning(
             "upstream_unreachable",
-            key=",".join(f"{host}:{port}" for host, port in targets),
+            key="upstream_unreachable",
             upstreams=[f"{host}:{port}" for host, port in targets],
             error=str(last_error) if last_error else "no upstream configured",
             client=self.peer,
@@ -237,6 +250,9 @@ class ClientConnection(asyncio.Protocol):
                 response = self._transform_response(slot, response, body_offset)
             except ProtocolError as error:
                 self._fail_upstream("bad_response", str(error))
+                return
+            except Exception as error:  # a bug, not bad bytes: never pass a response half-done
+                self._fail_upstream("internal_error", repr(error))
                 return
             if slot.api_key in ENDPOINT_BEARING_APIS:
                 ready = self._context.router.listeners_ready()
@@ -309,6 +325,9 @@ class ClientConnection(asyncio.Protocol):
             except ProtocolError as error:
                 self._fail("bad_request", error)
                 return
+            except Exception as error:  # state unknown: close rather than half-forward
+                self._fail("internal_error", error)
+                return
         if forward:
             upstream.write_frames(forward)
         self._flush_responses()
@@ -344,12 +363,14 @@ class ClientConnection(asyncio.Protocol):
         expects_response = True
         if header.api_key == PRODUCE:
             produce = parse_produce_request(body, header.api_version)
-            context = ProduceContext(
-                principal=self.principal,
-                client_id=header.client_id,
-                client_software_name=self.client_software.name,
-                peer=self.peer,
-            )
+            context = self._produce_context
+            if context is None or context.client_id != header.client_id:
+                context = self._produce_context = ProduceContext(
+                    principal=self.principal,
+                    client_id=header.client_id,
+                    client_software_name=self.client_software.name,
+                    peer=self.peer,
+                )
             decision = self._context.gatekeeper.check(context, produce)
             if isinstance(decision, Rejected):
                 self._reject(header.api_version, header.correlation_id, produce, decision, context)
@@ -357,6 +378,10 @@ class ClientConnection(asyncio.Protocol):
             expects_response = produce.acks != 0
         elif header.api_key == API_VERSIONS:
             self.client_software = parse_api_versions_request(body, header.api_version)
+            self._produce_context = None
+            self._rejection_error_code = rejection_error_code(
+                self.client_software.name, self._settings.rejection.error_codes
+            )
         if expects_response:
             slot = _Slot(header.api_key, header.api_version, header.correlation_id)
             self._slots.append(slot)
@@ -374,7 +399,7 @@ class ClientConnection(asyncio.Protocol):
         context: ProduceContext,
     ) -> None:
         settings = self._settings.rejection
-        error_code = rejection_error_code(self.client_software.name, settings.error_codes)
+        error_code = self._rejection_error_code
         self._context.log.warning(
             "pid_throttled",
             key=context.principal,
@@ -432,12 +457,16 @@ class ClientConnection(asyncio.Protocol):
 
     def _fail(self, event: str, error: Exception) -> None:
         self._context.log.warning(
-            event, key=self.peer, client=self.peer, client_id=self.client_id, error=str(error)
+            event,
+            key=self.peer.rpartition(":")[0],  # per client host: a storm of connections is one key
+            client=self.peer,
+            client_id=self.client_id,
+            error=str(error),
         )
         self.close()
 
     def _fail_upstream(self, event: str, reason: str) -> None:
-        self._context.log.warning(event, key="upstream", client=self.peer, error=reason)
+        self._context.log.warning(event, key=event, client=self.peer, error=reason)
         if self._upstream is not None:
             self._upstream.close()
         self.close()

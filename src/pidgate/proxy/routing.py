@@ -40,6 +40,8 @@ class Router:
         self._open_listener = open_listener
         self._routes: dict[int, BrokerRoute] = {}
         self._listener_tasks: dict[int, asyncio.Task[None]] = {}
+        #: Brokers whose listener is not known to be bound yet.
+        self._unbound: set[int] = set()
         self._sidecar_map: dict[Address, Address] = {
             _address(key): (target.host, target.port)
             for key, target in settings.advertised_endpoints.items()
@@ -64,6 +66,7 @@ class Router:
             self._routes[endpoint.node_id] = BrokerRoute(
                 endpoint.node_id, (endpoint.host, endpoint.port)
             )
+            self._unbound.add(endpoint.node_id)
         else:
             route.upstream = (endpoint.host, endpoint.port)
         return (
@@ -76,14 +79,20 @@ class Router:
         the missing listeners are bound. A response naming a broker must not reach the client
         before that broker's listener accepts connections, or the client's first connect fails.
         """
+        if not self._unbound:  # the common case, on every Produce response: nothing to do
+            return None
         pending = []
-        for node_id, route in self._routes.items():
+        for node_id in list(self._unbound):
             task = self._listener_tasks.get(node_id)
+            if task is not None and task.done():
+                if not task.cancelled() and task.exception() is None:
+                    self._unbound.discard(node_id)
+                    continue
+                task = None  # the bind failed: try again rather than advertise a dead port
             if task is None:
-                task = asyncio.ensure_future(self._open_listener(route))
+                task = asyncio.ensure_future(self._open_listener(self._routes[node_id]))
                 self._listener_tasks[node_id] = task
-            if not task.done():
-                pending.append(task)
+            pending.append(task)
         if not pending:
             return None
         return asyncio.ensure_future(_wait_all(pending))

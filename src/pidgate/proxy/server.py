@@ -38,6 +38,7 @@ class DecisionCounters:
     max_rejected_ids_kept: int = 100_000
     #: Rejected Produce requests by ApiVersions client_software_name ("unknown" when not sent).
     rejections_by_client_software: Counter[str] = field(default_factory=Counter)
+    max_client_software_kept: int = 100
 
     def on_decision(
         self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
@@ -47,7 +48,15 @@ class DecisionCounters:
             self.rejected_producer_ids.difference_update(decision.new_producer_ids)
         else:
             self.produce_requests_rejected += 1
-            self.rejections_by_client_software[context.client_software_name or "unknown"] += 1
+            software = context.client_software_name or "unknown"
+            # The name is the client's choice: bound the table (a per-connection random name
+            # must not grow it forever).
+            if software in self.rejections_by_client_software or (
+                len(self.rejections_by_client_software) < self.max_client_software_kept
+            ):
+                self.rejections_by_client_software[software] += 1
+            else:
+                self.rejections_by_client_software["other"] += 1
             if len(self.rejected_producer_ids) < self.max_rejected_ids_kept:
                 self.rejected_producer_ids.update(decision.unknown_producer_ids)
 
@@ -79,7 +88,9 @@ class ProxyServer:
         self.router = Router(settings.proxy, self._open_broker_listener)
         self.context = ProxyContext(
             settings=settings,
-            gatekeeper=Gatekeeper(self.quota, (self.counters, *observers)),
+            gatekeeper=Gatekeeper(
+                self.quota, (self.counters, *observers), on_observer_error=self._observer_failed
+            ),
             router=self.router,
             log=log,
             api_version_limits=proxy_api_version_limits(),
@@ -87,6 +98,15 @@ class ProxyServer:
         self._bootstrap: asyncio.Server | None = None
         self._broker_servers: dict[int, asyncio.Server] = {}
         self._housekeeping: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def _observer_failed(self, observer: DecisionObserver, error: Exception) -> None:
+        self.context.log.warning(
+            "observer_failed",
+            key=type(observer).__name__,
+            observer=type(observer).__name__,
+            error=repr(error),
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -111,10 +131,15 @@ class ProxyServer:
         )
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish within the grace period, close."""
+        """Stop accepting and reading, let requests already read finish within the grace
+        period, then close. Requests a client sends after this are never forwarded, so its
+        retry through another pidgate cannot duplicate them."""
+        self._stopping = True  # no new broker listeners from here on
         servers = [s for s in (self._bootstrap, *self._broker_servers.values()) if s is not None]
         for server in servers:
             server.close()
+        for conn in list(self.context.connections):
+            conn.begin_shutdown()
         deadline = monotonic_ms() + self.settings.proxy.shutdown_grace_ms
         while monotonic_ms() < deadline and any(not conn.idle for conn in self.context.connections):
             await asyncio.sleep(0.05)
@@ -123,7 +148,7 @@ class ProxyServer:
             conn.close()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self._housekeeping
         for server in servers:
             with contextlib.suppress(Exception):
@@ -149,7 +174,7 @@ class ProxyServer:
     # -- internals ----------------------------------------------------------------------------
 
     async def _open_broker_listener(self, route: BrokerRoute) -> None:
-        if route.node_id in self._broker_servers:
+        if route.node_id in self._broker_servers or self._stopping:
             return
         loop = asyncio.get_running_loop()
         host = self.settings.proxy.listen.host
@@ -161,9 +186,12 @@ class ProxyServer:
                 port,
                 reuse_address=True,
             )
-        except OSError as error:
-            get_logger().error(
+        except (OSError, OverflowError) as error:  # OverflowError: base + node_id > 65535
+            # Retried on the next response naming this broker; rate-limited, since that can be
+            # every Produce response while the port stays taken.
+            self.context.log.warning(
                 "broker_listener_failed",
+                key=str(route.node_id),
                 node_id=route.node_id,
                 listen=f"{host}:{port}",
                 upstream=f"{route.upstream[0]}:{route.upstream[1]}",
@@ -182,6 +210,10 @@ class ProxyServer:
         interval_s = self.settings.quota.cleanup_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            forgotten = self.quota.expire(monotonic_ms())
+            try:
+                forgotten = self.quota.expire(monotonic_ms())
+            except Exception as error:  # keep expiring next time; never take shutdown down
+                self.context.log.warning("quota_expiry_failed", key="expire", error=repr(error))
+                continue
             if forgotten:
                 get_logger().debug("principals_forgotten", count=forgotten)
