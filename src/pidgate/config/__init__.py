@@ -8,23 +8,29 @@ from pidgate.config.addresses import HostPort, parse_host_port
 from pidgate.config.loader import ConfigError, env_var_name, load_settings
 from pidgate.config.settings import (
     DEFAULT_USER_ENTITY,
+    ClientTlsSettings,
+    IdentitySettings,
     LoggingSettings,
     ProxySettings,
     QuotaSettings,
     RejectionSettings,
     Settings,
+    UpstreamTlsSettings,
     UserQuota,
 )
 
 __all__ = [
     "DEFAULT_USER_ENTITY",
+    "ClientTlsSettings",
     "ConfigError",
     "HostPort",
+    "IdentitySettings",
     "LoggingSettings",
     "ProxySettings",
     "QuotaSettings",
     "RejectionSettings",
     "Settings",
+    "UpstreamTlsSettings",
     "UserQuota",
     "env_var_name",
     "load_settings",

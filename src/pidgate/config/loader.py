@@ -24,7 +24,17 @@ ENV_PREFIX = "PIDGATE_"
 
 #: Keys whose values are host names / addresses: read verbatim, never as YAML (YAML 1.1 would
 #: read some ``a:b`` strings as base-60 numbers).
-_VERBATIM_KEYS = frozenset({"listen", "upstream", "advertised_host"})
+_VERBATIM_KEYS = frozenset(
+    {
+        "listen",
+        "upstream",
+        "advertised_host",
+        "certfile",
+        "keyfile",
+        "cafile",
+        "principal_mapping_rules",
+    }
+)
 
 
 class ConfigError(Exception):

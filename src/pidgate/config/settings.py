@@ -10,11 +10,13 @@ Must not import: asyncio, socket, structlog, prometheus_client, ``pidgate.proxy`
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pidgate.config.addresses import HostPort, parse_host_port
+from pidgate.config.principal_mapping import PrincipalMapper, PrincipalMappingError
 
 #: The user entity Kafka uses for "every user without an explicit quota" (``users.<default>``).
 DEFAULT_USER_ENTITY = "<default>"
@@ -261,12 +263,112 @@ class LoggingSettings(_Frozen):
     rate_limit_interval_ms: int = Field(10_000, ge=1, description="the rate-limit interval")
 
 
+class IdentitySettings(_Frozen):
+    """Who pays for a connection's new PIDs (DESIGN.md "Identity"). pidgate never authenticates
+    anyone: with SASL it observes the exchange and believes only the broker's verdict."""
+
+    sasl: bool = Field(
+        False,
+        description="clients authenticate with SASL against the broker, through pidgate; the "
+        "principal is the user the broker accepted (until then, Produce closes the connection)",
+    )
+    fallback_principal: str = Field(
+        "User:UNIDENTIFIED",
+        description="principal for a successful SASL exchange pidgate cannot read (GSSAPI, "
+        "an unknown mechanism, an unreadable token)",
+    )
+    oauthbearer_principal_claim: str = Field(
+        "sub", min_length=1, description="JWT claim that names the OAUTHBEARER principal"
+    )
+
+    @field_validator("fallback_principal")
+    @classmethod
+    def _is_a_principal(cls, value: str) -> str:
+        kind, sep, name = value.partition(":")
+        if not sep or not kind or not name:
+            raise ValueError(f"expected a principal like User:NAME, got {value!r}")
+        return value
+
+
+def _must_exist(path: Path | None) -> Path | None:
+    if path is not None and not path.is_file():
+        raise ValueError(f"no such file: {path}")
+    return path
+
+
+class ClientTlsSettings(_Frozen):
+    """TLS terminated by pidgate on every client listener."""
+
+    enabled: bool = Field(False, description="clients connect with TLS (SSL / SASL_SSL)")
+    certfile: Path | None = Field(None, description="server certificate chain (PEM)")
+    keyfile: Path | None = Field(None, description="server private key (PEM)")
+    cafile: Path | None = Field(
+        None, description="CA bundle (PEM) that client certificates chain to"
+    )
+    client_auth: Literal["none", "requested", "required"] = Field(
+        "none",
+        description="client certificates (ssl.client.auth); with one, and without SASL, the "
+        "principal is User:<mapped certificate subject>",
+    )
+    principal_mapping_rules: str = Field(
+        "DEFAULT",
+        description="Kafka's ssl.principal.mapping.rules (KIP-371), applied to the subject DN",
+    )
+    reload_interval_ms: int = Field(
+        30_000, ge=100, description="how often certificate files are checked for changes"
+    )
+
+    _exists = field_validator("certfile", "keyfile", "cafile")(_must_exist)
+
+    @field_validator("principal_mapping_rules")
+    @classmethod
+    def _rules_parse(cls, rules: str) -> str:
+        try:
+            PrincipalMapper.parse(rules)
+        except PrincipalMappingError as error:
+            raise ValueError(str(error)) from None
+        return rules
+
+    @model_validator(mode="after")
+    def _complete(self) -> ClientTlsSettings:
+        if self.enabled and (self.certfile is None or self.keyfile is None):
+            raise ValueError("enabled needs certfile and keyfile")
+        if self.enabled and self.client_auth != "none" and self.cafile is None:
+            raise ValueError("client_auth needs cafile to verify client certificates")
+        return self
+
+
+class UpstreamTlsSettings(_Frozen):
+    """TLS from pidgate to the brokers (independent of the client side)."""
+
+    enabled: bool = Field(False, description="connect to brokers with TLS")
+    cafile: Path | None = Field(
+        None, description="CA bundle for broker certificates; default: system CAs"
+    )
+    certfile: Path | None = Field(
+        None, description="client certificate for brokers that require one"
+    )
+    keyfile: Path | None = Field(None, description="its private key")
+    check_hostname: bool = Field(True, description="verify the broker certificate's host name")
+
+    _exists = field_validator("certfile", "keyfile", "cafile")(_must_exist)
+
+    @model_validator(mode="after")
+    def _pair(self) -> UpstreamTlsSettings:
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("certfile and keyfile go together")
+        return self
+
+
 class Settings(_Frozen):
     """The whole, validated, immutable configuration."""
 
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)
     rejection: RejectionSettings = Field(default_factory=RejectionSettings)
+    identity: IdentitySettings = Field(default_factory=IdentitySettings)
+    client_tls: ClientTlsSettings = Field(default_factory=ClientTlsSettings)
+    upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @model_validator(mode="after")

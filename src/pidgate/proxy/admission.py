@@ -15,9 +15,6 @@ from typing import Protocol
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
 
-#: Principal for connections on PLAINTEXT listeners, as Kafka names it.
-ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"
-
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
@@ -86,7 +83,6 @@ class Gatekeeper:
 
 
 __all__ = [
-    "ANONYMOUS_PRINCIPAL",
     "Admitted",
     "DecisionObserver",
     "Gatekeeper",

@@ -41,9 +41,14 @@ from pidgate.protocol.produce import (
 )
 from pidgate.proxy.admission import ProduceContext, Rejected, rejection_error_code
 from pidgate.proxy.context import ProxyContext
+from pidgate.proxy.identity import UnmappablePrincipalError
 
 PRODUCE = 0
 API_VERSIONS = 18
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
+#: Slot marker for a bare SASL token after a v0 SaslHandshake (no Kafka header, KIP-43).
+RAW_SASL_TOKEN = -1
 _API_KEY_VERSION_CORRELATION = struct.Struct(">hhi")
 _CORRELATION_ID = struct.Struct(">i")
 #: Correlation ids of acks=0 Produce requests remembered per connection, in case the broker
@@ -114,7 +119,9 @@ class ClientConnection(asyncio.Protocol):
         self._unmute_handle: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.principal = context.principal_for_plaintext
+        #: Who pays for this connection's new PIDs; None until SASL authentication succeeds.
+        self.principal: str | None = None
+        self._sasl = context.identity.new_sasl_observer()
         self.client_id: str | None = None
         self.client_software = ClientSoftware(name=None, version=None)
         self.closed = False
@@ -132,6 +139,20 @@ class ClientConnection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        try:
+            self.principal = self._context.identity.principal_for_connection(
+                transport.get_extra_info("peercert")
+            )
+        except UnmappablePrincipalError as error:
+            # Kafka fails the authentication of such a client; so do we.
+            self._context.log.warning(
+                "principal_unmappable",
+                key=self.peer.rpartition(":")[0],
+                client=self.peer,
+                error=str(error),
+            )
+            transport.close()
+            return
         high = self._settings.proxy.write_buffer_high_bytes
         transport.set_write_buffer_limits(high=high, low=high // 4)
         self._gate.attach(transport)
@@ -200,7 +221,13 @@ class ClientConnection(asyncio.Protocol):
         for host, port in targets:
             try:
                 _, upstream = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamConnection(self), host, port),
+                    loop.create_connection(
+                        lambda: UpstreamConnection(self),
+                        host,
+                        port,
+                        ssl=self._context.upstream_ssl,
+                        server_hostname=host if self._context.upstream_ssl else None,
+                    ),
                     timeout_s,
                 )
             except asyncio.CancelledError:
@@ -238,6 +265,14 @@ class ClientConnection(asyncio.Protocol):
                 )
                 return
             slot = self._awaiting_upstream.popleft()
+            if slot.api_key == RAW_SASL_TOKEN:
+                try:
+                    self._on_raw_sasl_response(response)
+                except Exception as error:  # the observer never raises for tokens; belt and braces
+                    self._fail_upstream("internal_error", repr(error))
+                    return
+                slot.response = response
+                continue
             try:
                 correlation_id, body_offset = parse_response_header(
                     memoryview(response)[4:], slot.api_key, slot.api_version
@@ -285,10 +320,41 @@ class ClientConnection(asyncio.Protocol):
         if self._inbox:
             self._process_inbox()
 
+    def _on_raw_sasl_response(self, response: bytes) -> None:
+        assert self._sasl is not None
+        self._sasl.on_raw_server_token(memoryview(response)[4:])
+        self._sasl_principal_changed()
+
+    def _sasl_principal_changed(self) -> None:
+        """Adopt the user of the last exchange the broker accepted (KIP-368 re-authentication
+        replaces it only then)."""
+        assert self._sasl is not None
+        claim = self._sasl.authenticated
+        if claim is None:
+            return
+        principal = self._context.identity.principal_for_sasl(claim)
+        if principal != self.principal:
+            self.principal = principal
+            self._produce_context = None
+            self._context.log.info(
+                "principal_authenticated",
+                key=principal,
+                principal=principal,
+                mechanism=claim.mechanism,
+                client=self.peer,
+            )
+
     def _transform_response(self, slot: _Slot, response: bytes, body_offset: int) -> bytes:
         payload = memoryview(response)[4:]
         body = payload[body_offset:]
         new_body: bytes | None = None
+        if slot.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) and self._sasl is not None:
+            if slot.api_key == SASL_HANDSHAKE:
+                self._sasl.on_handshake_response(body, slot.api_version)
+            else:
+                self._sasl.on_authenticate_response(body, slot.api_version)
+                self._sasl_principal_changed()
+            return response
         if slot.api_key == API_VERSIONS:
             new_body = narrow_api_versions_response(
                 body, slot.api_version, self._context.api_version_limits
@@ -335,6 +401,18 @@ class ClientConnection(asyncio.Protocol):
     def _handle_request(self, request: bytes) -> bool:
         """Account for one request; True when it must be forwarded to the broker."""
         payload = memoryview(request)[4:]
+        sasl = self._sasl
+        if sasl is not None and sasl.expects_raw_tokens:
+            if not sasl.raw_client_frame_is_request(payload):
+                # A bare token after a v0 handshake: forwarded untouched; its answer is bare too.
+                sasl.on_raw_client_token(payload)
+                slot = _Slot(RAW_SASL_TOKEN, 0, -1)
+                self._slots.append(slot)
+                self._awaiting_upstream.append(slot)
+                return True
+            # The exchange ended without a last server token (GSSAPI): drop what waits for one.
+            self._drop_unanswered_raw_tokens()
+            self._sasl_principal_changed()
         if len(payload) < _API_KEY_VERSION_CORRELATION.size:
             raise ProtocolError(f"request of {len(payload)} bytes is shorter than any header")
         try:
@@ -363,6 +441,11 @@ class ClientConnection(asyncio.Protocol):
         expects_response = True
         if header.api_key == PRODUCE:
             produce = parse_produce_request(body, header.api_version)
+            if self.principal is None:
+                # Kafka's SASL listener closes a connection that produces before authenticating;
+                # pidgate does the same, so nothing is ever charged to, or hidden behind, a name
+                # the broker has not accepted.
+                raise ProtocolError("Produce before SASL authentication completed")
             context = self._produce_context
             if context is None or context.client_id != header.client_id:
                 context = self._produce_context = ProduceContext(
@@ -376,6 +459,10 @@ class ClientConnection(asyncio.Protocol):
                 self._reject(header.api_version, header.correlation_id, produce, decision, context)
                 return False
             expects_response = produce.acks != 0
+        elif header.api_key == SASL_HANDSHAKE and sasl is not None:
+            sasl.on_handshake_request(body, header.api_version)
+        elif header.api_key == SASL_AUTHENTICATE and sasl is not None:
+            sasl.on_authenticate_request(body, header.api_version)
         elif header.api_key == API_VERSIONS:
             self.client_software = parse_api_versions_request(body, header.api_version)
             self._produce_context = None
@@ -389,6 +476,12 @@ class ClientConnection(asyncio.Protocol):
         elif header.api_key == PRODUCE:
             self._acks0_ids.append(header.correlation_id)
         return True
+
+    def _drop_unanswered_raw_tokens(self) -> None:
+        unanswered = [s for s in self._awaiting_upstream if s.api_key == RAW_SASL_TOKEN]
+        for slot in unanswered:
+            self._awaiting_upstream.remove(slot)
+            self._slots.remove(slot)
 
     def _reject(
         self,

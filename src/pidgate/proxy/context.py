@@ -6,12 +6,14 @@ Owns: ``ProxyContext`` (a plain holder; no behaviour of its own).
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pidgate.config import Settings
-from pidgate.proxy.admission import ANONYMOUS_PRINCIPAL, Gatekeeper
+from pidgate.proxy.admission import Gatekeeper
+from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog
 from pidgate.proxy.routing import Router
 
@@ -27,7 +29,8 @@ class ProxyContext:
     log: RateLimitedLog
     #: api_key -> (min, max) versions pidgate advertises and accepts.
     api_version_limits: Mapping[int, tuple[int, int]]
-    #: The principal of connections on a PLAINTEXT listener; SASL/TLS listeners will set their
-    #: own per connection once authentication succeeds (the identity issue).
-    principal_for_plaintext: str = ANONYMOUS_PRINCIPAL
+    #: Who each connection is charged to (PLAINTEXT, TLS certificates, observed SASL).
+    identity: IdentityPolicy
+    #: TLS towards the brokers, or None for plaintext.
+    upstream_ssl: ssl.SSLContext | None = None
     connections: set[ClientConnection] = field(default_factory=set)

@@ -22,8 +22,10 @@ from pidgate.proxy.admission import (
 )
 from pidgate.proxy.connection import ClientConnection
 from pidgate.proxy.context import ProxyContext
+from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog, get_logger
 from pidgate.proxy.routing import Address, BrokerRoute, Router
+from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
 from pidgate.quota.manager import Admitted, Decision, QuotaManager
 from pidgate.quota.policy import QuotaPolicy
 
@@ -94,11 +96,18 @@ class ProxyServer:
             router=self.router,
             log=log,
             api_version_limits=proxy_api_version_limits(),
+            identity=IdentityPolicy(settings),
+            upstream_ssl=upstream_ssl_context(settings.upstream_tls),
+        )
+        self._client_ssl = client_ssl_context(settings.client_tls)
+        self._certificates = (
+            CertificateReloader(self._client_ssl, settings.client_tls) if self._client_ssl else None
         )
         self._bootstrap: asyncio.Server | None = None
         self._broker_servers: dict[int, asyncio.Server] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopping = False
+        self._reloading: asyncio.Task[None] | None = None
 
     def _observer_failed(self, observer: DecisionObserver, error: Exception) -> None:
         self.context.log.warning(
@@ -118,8 +127,11 @@ class ProxyServer:
             listen.host,
             listen.port,
             reuse_address=True,
+            ssl=self._client_ssl,
         )
         self._housekeeping = asyncio.ensure_future(self._expire_periodically())
+        if self._certificates is not None:
+            self._reloading = asyncio.ensure_future(self._reload_certificates_periodically())
         get_logger().info(
             "pidgate_started",
             listen=str(listen),
@@ -128,6 +140,9 @@ class ProxyServer:
             default_producer_ids_rate=self.settings.quota.default_producer_ids_rate,
             user_producer_ids_rates=self.settings.quota.user_producer_ids_rates,
             window_seconds=self.settings.quota.window_size_seconds,
+            client_tls=self.settings.client_tls.enabled,
+            sasl=self.settings.identity.sasl,
+            upstream_tls=self.settings.upstream_tls.enabled,
         )
 
     async def stop(self) -> None:
@@ -146,10 +161,11 @@ class ProxyServer:
         closing = list(self.context.connections)
         for conn in closing:
             conn.close()
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await self._housekeeping
+        for task in (self._housekeeping, self._reloading):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await task
         for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
@@ -185,6 +201,7 @@ class ProxyServer:
                 host,
                 port,
                 reuse_address=True,
+                ssl=self._client_ssl,
             )
         except (OSError, OverflowError) as error:  # OverflowError: base + node_id > 65535
             # Retried on the next response naming this broker; rate-limited, since that can be
@@ -205,6 +222,24 @@ class ProxyServer:
             listen=f"{host}:{port}",
             upstream=f"{route.upstream[0]}:{route.upstream[1]}",
         )
+
+    async def _reload_certificates_periodically(self) -> None:
+        assert self._certificates is not None
+        interval_s = self.settings.client_tls.reload_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                if self._certificates.reload_if_changed():
+                    get_logger().info(
+                        "certificates_reloaded", certfile=str(self.settings.client_tls.certfile)
+                    )
+            except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+                self.context.log.warning(
+                    "certificates_reload_failed",
+                    key="reload",
+                    error=str(error),
+                    certfile=str(self.settings.client_tls.certfile),
+                )
 
     async def _expire_periodically(self) -> None:
         interval_s = self.settings.quota.cleanup_interval_ms / 1000
