@@ -29,6 +29,7 @@ from pidgate.protocol._wire import (
 )
 from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError
 from pidgate.protocol.headers import KNOWN_API_VERSIONS
+from pidgate.protocol.sasl import SASL_AUTHENTICATE_VERSIONS, SASL_HANDSHAKE_VERSIONS
 
 API_VERSIONS_KEY = 18
 FIRST_FLEXIBLE_API_VERSIONS_VERSION = 3  # KIP-482/KIP-511
@@ -140,6 +141,10 @@ def proxy_api_version_limits() -> dict[int, tuple[int, int]]:
     limits[0] = _PRODUCE_LIMITS
     limits[1] = (limits[1][0], min(limits[1][1], _FETCH_MAX))
     limits[55] = (limits[55][0], min(limits[55][1], _DESCRIBE_QUORUM_MAX))
+    # The SASL observer reads exactly these versions (protocol/sasl.py); a newer schema must
+    # not let clients pick one it cannot follow.
+    limits[17] = (0, min(limits[17][1], SASL_HANDSHAKE_VERSIONS[1]))
+    limits[36] = (0, min(limits[36][1], SASL_AUTHENTICATE_VERSIONS[1]))
     # Endpoint-bearing responses are decoded and re-encoded with kafka-python's classes, so only
     # versions those classes know are allowed (today the same as the schemas').
     for api_key, cls in (
