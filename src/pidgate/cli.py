@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="producer.id.quota.window.num, default 11 " + _env("quota", _WINDOW_NUM_KEY),
     )
     serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="admin HTTP (/metrics /healthz /readyz /state), default 127.0.0.1:9404 "
+        + _env("admin", "listen"),
+    )
+    serve.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         help=_env("logging", "level"),
@@ -141,6 +147,8 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["quota"] = quota
     if args.log_level:
         overrides["logging"] = {"level": args.log_level}
+    if args.http:
+        overrides["admin"] = {"listen": args.http}
     return overrides
 
 

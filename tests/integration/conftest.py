@@ -40,6 +40,7 @@ def proxy_settings(
         },
         "quota": quota or {},
         "logging": {"format": "json"},
+        "admin": {"listen": f"127.0.0.1:{free_port()}"},
     }
     if rejection:
         overrides["rejection"] = rejection

@@ -8,6 +8,7 @@ from pidgate.config.addresses import HostPort, parse_host_port
 from pidgate.config.loader import ConfigError, env_var_name, load_settings
 from pidgate.config.settings import (
     DEFAULT_USER_ENTITY,
+    AdminSettings,
     ClientTlsSettings,
     IdentitySettings,
     LoggingSettings,
@@ -15,12 +16,14 @@ from pidgate.config.settings import (
     QuotaSettings,
     RejectionSettings,
     Settings,
+    StateSettings,
     UpstreamTlsSettings,
     UserQuota,
 )
 
 __all__ = [
     "DEFAULT_USER_ENTITY",
+    "AdminSettings",
     "ClientTlsSettings",
     "ConfigError",
     "HostPort",
@@ -30,6 +33,7 @@ __all__ = [
     "QuotaSettings",
     "RejectionSettings",
     "Settings",
+    "StateSettings",
     "UpstreamTlsSettings",
     "UserQuota",
     "env_var_name",

@@ -360,6 +360,32 @@ class UpstreamTlsSettings(_Frozen):
         return self
 
 
+class AdminSettings(_Frozen):
+    """The operator's HTTP endpoint: /metrics, /healthz, /readyz, /state."""
+
+    enabled: bool = Field(True, description="serve the admin HTTP endpoint")
+    listen: HostPort = Field(
+        HostPort(host="127.0.0.1", port=9404),
+        description="admin HTTP HOST:PORT; loopback unless you say otherwise (it has no auth)",
+    )
+    max_user_labels: int = Field(
+        1000, ge=1, description="per-user metric label sets at most; the rest is user=__other__"
+    )
+
+    _parse_listen = field_validator("listen", mode="before")(_host_port)
+
+
+class StateSettings(_Frozen):
+    """Quota overrides and Bloom/bucket state kept across restarts."""
+
+    path: Path | None = Field(
+        None, description="state file (written atomically); none = nothing survives a restart"
+    )
+    persist_interval_ms: int = Field(
+        10_000, ge=100, description="how often the state file is rewritten (and at shutdown)"
+    )
+
+
 class Settings(_Frozen):
     """The whole, validated, immutable configuration."""
 
@@ -369,6 +395,8 @@ class Settings(_Frozen):
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
     client_tls: ClientTlsSettings = Field(default_factory=ClientTlsSettings)
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @model_validator(mode="after")

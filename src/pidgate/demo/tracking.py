@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pidgate.demo.plan import PRODUCER_IDS_RATE
 from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import ProduceContext, Rejected, monotonic_ms
+from pidgate.proxy.admission import ProduceContext, Rejected, quota_clock_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.identity import ANONYMOUS_PRINCIPAL
 from pidgate.quota.manager import Decision
@@ -63,7 +63,7 @@ def read_proxy_view(proxy: BackgroundProxy, timeout_s: float = 1.0) -> ProxyView
 
     def read() -> None:
         try:
-            now_ms = monotonic_ms()
+            now_ms = quota_clock_ms()
             tokens = float(PRODUCER_IDS_RATE)  # a principal not yet tracked has a full bucket
             for state in server.quota.snapshot(now_ms):
                 if state.principal == ANONYMOUS_PRINCIPAL:

@@ -17,7 +17,15 @@ from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
 
 
 def monotonic_ms() -> int:
+    """For durations (timeouts, grace periods): never jumps."""
     return time.monotonic_ns() // 1_000_000
+
+
+def quota_clock_ms() -> int:
+    """The quota's time: wall-clock ms, so that persisted buckets and Bloom layers stay
+    meaningful across restarts, and event-log timestamps equal the times decisions were made at
+    (the backtest replays them). A clock stepped backwards only pauses refills (quota/bucket)."""
+    return time.time_ns() // 1_000_000
 
 
 def rejection_error_code(client_software_name: str | None, table: Mapping[str, int]) -> int:
@@ -70,7 +78,7 @@ class Gatekeeper:
         producer_ids = request.producer_ids()
         if not producer_ids:
             return None
-        decision = self.quota.admit(context.principal, producer_ids, monotonic_ms())
+        decision = self.quota.admit(context.principal, producer_ids, quota_clock_ms())
         if self._observers and (isinstance(decision, Rejected) or decision.new_producer_ids):
             for observer in self._observers:
                 try:
@@ -89,5 +97,6 @@ __all__ = [
     "ProduceContext",
     "Rejected",
     "monotonic_ms",
+    "quota_clock_ms",
     "rejection_error_code",
 ]

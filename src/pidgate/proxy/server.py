@@ -19,6 +19,7 @@ from pidgate.proxy.admission import (
     Gatekeeper,
     ProduceContext,
     monotonic_ms,
+    quota_clock_ms,
 )
 from pidgate.proxy.connection import ClientConnection
 from pidgate.proxy.context import ProxyContext
@@ -246,7 +247,7 @@ class ProxyServer:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                forgotten = self.quota.expire(monotonic_ms())
+                forgotten = self.quota.expire(quota_clock_ms())
             except Exception as error:  # keep expiring next time; never take shutdown down
                 self.context.log.warning("quota_expiry_failed", key="expire", error=repr(error))
                 continue
