@@ -134,3 +134,31 @@ def test_unsupported_version_answer_decodes_as_v0_with_error_35() -> None:
     assert response.header.correlation_id == 77
     assert response.error_code == 35
     assert [(k.api_key, k.min_version, k.max_version) for k in response.api_keys] == [(18, 0, 4)]
+
+
+def test_keys_answered_locally_are_added_or_intersected() -> None:
+    from kafka.protocol.metadata.api_versions import ApiVersionsResponse
+
+    from pidgate.protocol.api_versions import broker_api_versions, narrow_api_versions_response
+
+    for version in (0, 1, 2, 3):
+        keys = [(0, 0, 11), (48, 0, 0)]  # broker: Produce 0-11, DescribeClientQuotas 0 only
+        response = ApiVersionsResponse(
+            version=version,
+            error_code=0,
+            api_keys=[
+                ApiVersionsResponse.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+                for k, lo, hi in keys
+            ],
+            throttle_time_ms=0,
+        )
+        body = response.encode(version=version)
+        assert broker_api_versions(body, version) == {0: (0, 11), 48: (0, 0)}
+        narrowed = narrow_api_versions_response(
+            body, version, {0: (3, 13), 48: (0, 1), 49: (0, 1)}, {48: (0, 1), 49: (0, 1)}
+        )
+        decoded = ApiVersionsResponse.decode(narrowed, version=version)
+        got = {k.api_key: (k.min_version, k.max_version) for k in decoded.api_keys}
+        # Produce clamped; 48 intersected with the broker's (mixed requests are forwarded);
+        # 49 added although the broker lacks it: pidgate answers it.
+        assert got == {0: (3, 11), 48: (0, 0), 49: (0, 1)}

@@ -73,8 +73,14 @@ def narrow_api_versions_response(
     body: bytes | bytearray | memoryview,
     api_version: int,
     limits: Mapping[int, tuple[int, int]],
+    answered_locally: Mapping[int, tuple[int, int]] | None = None,
 ) -> bytes:
     """Clamp the broker's [min, max] per api key to ``limits``; drop keys outside them.
+
+    ``answered_locally``: api keys pidgate answers itself (in whole or in part, e.g. the client
+    quota APIs for ``producer_ids_rate``). They are advertised with pidgate's range even when the
+    broker lacks them; when the broker has them too, with the intersection, since requests
+    mixing pidgate's and the broker's keys are split and forwarded in the same version.
 
     Everything after the api_keys array (throttle_time_ms and the v3+ tagged fields: supported
     and finalized features, KIP-584) is copied verbatim, as are per-entry tagged fields. An error
@@ -89,6 +95,7 @@ def narrow_api_versions_response(
             return bytes(buf)
         flexible = api_version >= FIRST_FLEXIBLE_API_VERSIONS_VERSION
         count, pos = read_array_len(buf, 2, flexible, "api_keys")
+        local = dict(answered_locally or {})
         kept: list[bytes] = []
         for _ in range(count):
             need(buf, pos, _ENTRY.size, "api_keys entry")
@@ -97,6 +104,9 @@ def narrow_api_versions_response(
             if flexible:
                 entry_end = skip_tagged_fields(buf, entry_end)
             limit = limits.get(api_key)
+            if api_key in local:
+                own = local.pop(api_key)
+                limit = (max(own[0], limit[0]), min(own[1], limit[1])) if limit else own
             if limit is not None:
                 lo = max(min_version, limit[0])
                 hi = min(max_version, limit[1])
@@ -116,8 +126,37 @@ def narrow_api_versions_response(
         raise MalformedMessageError(
             f"malformed ApiVersions v{api_version} response: {exc}"
         ) from None
+    no_tags = b"\x00" if flexible else b""
+    kept += [_ENTRY.pack(key, lo, hi) + no_tags for key, (lo, hi) in sorted(local.items())]
     count_bytes = write_uvarint(len(kept) + 1) if flexible else I32.pack(len(kept))
     return b"".join([bytes(buf[0:2]), count_bytes, *kept, bytes(buf[pos:])])
+
+
+def broker_api_versions(
+    body: bytes | bytearray | memoryview, api_version: int
+) -> dict[int, tuple[int, int]]:
+    """The api keys and version ranges the broker itself advertised (empty on an error)."""
+    _check_version(api_version)
+    buf = as_memoryview(body)
+    try:
+        need(buf, 0, 2, "ApiVersions response error_code")
+        if I16.unpack_from(buf, 0)[0] != 0:
+            return {}
+        flexible = api_version >= FIRST_FLEXIBLE_API_VERSIONS_VERSION
+        count, pos = read_array_len(buf, 2, flexible, "api_keys")
+        versions: dict[int, tuple[int, int]] = {}
+        for _ in range(count):
+            need(buf, pos, _ENTRY.size, "api_keys entry")
+            api_key, min_version, max_version = _ENTRY.unpack_from(buf, pos)
+            versions[api_key] = (min_version, max_version)
+            pos += _ENTRY.size
+            if flexible:
+                pos = skip_tagged_fields(buf, pos)
+    except (struct.error, IndexError) as exc:
+        raise MalformedMessageError(
+            f"malformed ApiVersions v{api_version} response: {exc}"
+        ) from None
+    return versions
 
 
 # Produce: v3 is the oldest we walk (transactional_id + RecordBatch v2, KIP-98); v13 the newest
