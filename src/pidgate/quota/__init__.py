@@ -7,13 +7,22 @@ Must not import: asyncio, socket, time, logging, structlog, prometheus_client, o
 ``pidgate.protocol`` / ``pidgate.proxy`` / ``pidgate.config``.
 
 Modules: ``bloom`` (shape, positions, one filter), ``layered`` (time layers of one principal),
-``bucket`` (exact token bucket), ``policy`` (validated QuotaPolicy), ``manager`` (admission).
+``bucket`` (exact token bucket), ``policy`` (validated QuotaPolicy), ``manager`` (admission),
+``persistence`` (the state and quota overrides as versioned bytes).
 """
 
 from .bloom import BloomFilter, BloomShape, bloom_positions
 from .bucket import TokenBucket
 from .layered import LayeredBloomFilter
-from .manager import Admitted, Decision, PrincipalState, QuotaManager, Rejected
+from .manager import Admitted, Decision, PrincipalRecord, PrincipalState, QuotaManager, Rejected
+from .persistence import (
+    LoadReport,
+    QuotaOverrides,
+    StateFormatError,
+    UnsupportedStateVersion,
+    dump_state,
+    load_state,
+)
 from .policy import QuotaPolicy, user_name
 
 __all__ = [
@@ -22,11 +31,18 @@ __all__ = [
     "BloomShape",
     "Decision",
     "LayeredBloomFilter",
+    "LoadReport",
+    "PrincipalRecord",
     "PrincipalState",
     "QuotaManager",
+    "QuotaOverrides",
     "QuotaPolicy",
     "Rejected",
+    "StateFormatError",
     "TokenBucket",
+    "UnsupportedStateVersion",
     "bloom_positions",
+    "dump_state",
+    "load_state",
     "user_name",
 ]

@@ -82,7 +82,8 @@ class BloomFilter:
 
     def __init__(self, shape: BloomShape) -> None:
         self.shape = shape
-        self._bits = bitarray(shape.bit_count)
+        # Explicit endianness: to_bytes() is part of the persisted format.
+        self._bits = bitarray(shape.bit_count, endian="big")
         self._bits.setall(0)
         # Counts add() calls, not distinct items: callers only add PIDs the filter does not
         # hold, so it tracks distinct inserts closely and errs towards rolling layers early.
@@ -112,6 +113,33 @@ class BloomFilter:
             if not bits[i]:
                 return False
         return True
+
+    def to_bytes(self) -> bytes:
+        """The bits, most significant bit first (bit ``i`` is bit ``7 - i % 8`` of byte
+        ``i // 8``), ``ceil(bit_count / 8)`` bytes, unused trailing bits 0. Part of the persisted
+        format (see :mod:`pidgate.quota.persistence`); :meth:`from_bytes` reverses it."""
+        return self._bits.tobytes()
+
+    @classmethod
+    def from_bytes(cls, shape: BloomShape, data: bytes, inserted_count: int) -> BloomFilter:
+        """A filter of ``shape`` holding the bits of :meth:`to_bytes`. Raises ValueError if
+        ``data`` has the wrong length or sets a bit beyond ``bit_count``."""
+        if len(data) != (shape.bit_count + 7) // 8:
+            raise ValueError(
+                f"{len(data)} bytes cannot hold the {shape.bit_count} bits of {shape!r}"
+            )
+        if inserted_count < 0:
+            raise ValueError(f"inserted_count must be >= 0, got {inserted_count}")
+        bits = bitarray(endian="big")
+        bits.frombytes(data)
+        if bits.count(1, shape.bit_count):
+            raise ValueError("bits beyond bit_count are set")
+        del bits[shape.bit_count :]
+        bloom = cls.__new__(cls)
+        bloom.shape = shape
+        bloom._bits = bits
+        bloom.inserted_count = inserted_count
+        return bloom
 
     @property
     def set_bit_count(self) -> int:

@@ -30,15 +30,28 @@ Rules (and the guarantee they give):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from .bloom import BloomFilter, BloomShape
 
-__all__ = ["ABSENT", "IN_CURRENT", "IN_OLDER", "LayeredBloomFilter"]
+__all__ = ["ABSENT", "IN_CURRENT", "IN_OLDER", "LayerState", "LayeredBloomFilter"]
 
 # Results of LayeredBloomFilter.lookup().
 ABSENT = -1
 IN_CURRENT = 0  # present in the newest layer, which is still current: a touch refreshes it
 IN_OLDER = 1  # present only in an older (or no longer current) layer: refresh must re-add
+
+
+@dataclass(frozen=True, slots=True)
+class LayerState:
+    """One layer as plain data, for persistence: its times, ``inserted_count`` and its bits in
+    :meth:`BloomFilter.to_bytes` form."""
+
+    start_ms: int
+    last_write_ms: int
+    inserted_count: int
+    bits: bytes
 
 
 class _Layer:
@@ -178,6 +191,40 @@ class LayeredBloomFilter:
         if dropped:
             del layers[:dropped]
         return dropped
+
+    def export_layers(self) -> tuple[LayerState, ...]:
+        """Every layer, oldest first, dead ones included (a copy: later writes do not show)."""
+        return tuple(
+            LayerState(
+                layer.start_ms,
+                layer.last_write_ms,
+                layer.bloom.inserted_count,
+                layer.bloom.to_bytes(),
+            )
+            for layer in self._layers
+        )
+
+    def restore(self, layers: Iterable[LayerState]) -> None:
+        """Replace every layer with ``layers`` (oldest first, as :meth:`export_layers` gives
+        them, in this filter's shape). Raises ValueError, changing nothing, if a layer's bits do
+        not fit the shape or the times break the invariants (``start_ms <= last_write_ms``,
+        ``last_write_ms`` non-decreasing from oldest to newest)."""
+        restored: list[_Layer] = []
+        previous_write: int | None = None
+        for state in layers:
+            if state.start_ms > state.last_write_ms:
+                raise ValueError(
+                    f"layer starts at {state.start_ms} after its last write {state.last_write_ms}"
+                )
+            if previous_write is not None and state.last_write_ms < previous_write:
+                raise ValueError("layers' last_write_ms must not decrease from oldest to newest")
+            previous_write = state.last_write_ms
+            layer = _Layer.__new__(_Layer)
+            layer.bloom = BloomFilter.from_bytes(self.shape, state.bits, state.inserted_count)
+            layer.start_ms = state.start_ms
+            layer.last_write_ms = state.last_write_ms
+            restored.append(layer)
+        self._layers = restored
 
     def reconfigure(self, window_ms: int, window_num: int) -> None:
         """Apply a new window at run time. Existing layers keep their bits and times; the new

@@ -31,17 +31,18 @@ size the caps so eviction is rare and alert on the eviction counter.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from .bloom import BloomShape, bloom_positions
 from .bucket import TokenBucket
-from .layered import ABSENT, IN_CURRENT, LayeredBloomFilter
+from .layered import ABSENT, IN_CURRENT, LayeredBloomFilter, LayerState
 from .policy import QuotaPolicy
 
 __all__ = [
     "Admitted",
     "Decision",
+    "PrincipalRecord",
     "PrincipalState",
     "QuotaManager",
     "QuotaPolicy",
@@ -81,6 +82,17 @@ class PrincipalState:
     layer_count: int
     bits: int
     estimated_false_positive_rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrincipalRecord:
+    """The complete state of one tracked principal as plain data, for persistence
+    (:meth:`QuotaManager.export` / :meth:`QuotaManager.restore`)."""
+
+    principal: str
+    bucket: TokenBucket
+    shape: BloomShape
+    layers: tuple[LayerState, ...]
 
 
 _ADMITTED_EMPTY = Admitted((), 0)
@@ -262,6 +274,36 @@ class QuotaManager:
             del self._principals[name]
         self._total_bits = self._total_bits_recount()
         return len(forgotten)
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def export(self) -> tuple[PrincipalRecord, ...]:
+        """Every tracked principal, idlest first, exactly as held (dead layers included, buckets
+        not refilled); a copy. :mod:`pidgate.quota.persistence` serializes it."""
+        return tuple(
+            PrincipalRecord(name, state.bucket, state.seen.shape, state.seen.export_layers())
+            for name, state in self._principals.items()
+        )
+
+    def restore(self, records: Iterable[PrincipalRecord]) -> int:
+        """Replace all principal state with ``records`` (idlest first), taken as they are: the
+        caller has already fitted them to this manager's policy (see
+        :func:`pidgate.quota.persistence.load_state`). Layers expire under the policy's window.
+        Then enforces the caps; returns how many principals that evicted. Raises ValueError,
+        changing nothing, on a duplicate principal or a layer that does not fit its shape."""
+        policy = self._policy
+        principals: OrderedDict[str, _Principal] = OrderedDict()
+        for record in records:
+            if record.principal in principals:
+                raise ValueError(f"principal {record.principal!r} appears twice")
+            seen = LayeredBloomFilter(record.shape, policy.window_ms, policy.window_num)
+            seen.restore(record.layers)
+            principals[record.principal] = _Principal(seen, record.bucket)
+        self._principals = principals
+        self._total_bits = self._total_bits_recount()
+        evicted_before = self._evicted
+        self._enforce_caps()
+        return self._evicted - evicted_before
 
     # -- run-time changes ------------------------------------------------------------------
 

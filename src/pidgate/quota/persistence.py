@@ -1,0 +1,504 @@
+"""The quota state as bytes: every principal's token bucket and Bloom layers, plus the quota
+overrides set at run time, so that a restart changes nothing a client can observe.
+
+Owns the state format and the rules for fitting saved state to the policy in force at load
+time. Pure: no file I/O, no clock, no logging (``pidgate.proxy.state_file`` writes the file
+atomically and logs). Times are absolute wall-clock milliseconds, so state saved by one process
+means the same in the next.
+
+Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
+pidgate package.
+
+Format, version 1 (integers in the header big-endian)::
+
+    magic    8 bytes  b"PIDGSTAT"
+    version  u16      FORMAT_VERSION; a larger one is refused (UnsupportedStateVersion)
+    flags    u16      0 (reserved; any other value is refused)
+    raw_len  u64      length of the body before compression
+    zlen     u64      length of the compressed body that follows
+    body     zlen bytes, zlib-compressed
+    crc32    u32      zlib.crc32 of every preceding byte (header and compressed body)
+
+CRC-32 detects every error burst of up to 32 bits, so any single corrupted byte and any
+truncation is reported as :class:`StateFormatError`, never loaded as a different state.
+
+Body (``uv``: unsigned LEB128 varint; ``sv``: zigzag-encoded signed varint; ``str``: uv byte
+length + UTF-8)::
+
+    sv   dumped_at_ms
+    uv   override count, then per override, sorted by user:
+         str user ("<default>" for the default user), uv 0 (removed) | 1 then uv rate
+    uv   principal count, then per principal, idlest first:
+         str principal
+         uv  bucket rate, uv bucket window_ms, uv bucket level (token·ms), sv bucket updated_ms
+         uv  Bloom bit_count, uv hash_count, uv expected_items
+         uv  layer count, then per layer, oldest first:
+             sv start_ms, uv last_write_ms - start_ms, uv inserted_count,
+             uv encoding, then the bits:
+                0 raw:    ceil(bit_count / 8) bytes, BloomFilter.to_bytes() form
+                1 sparse: uv n, then n little-endian u16 gaps between set-bit indices
+                2 sparse: uv n, then n little-endian u32 gaps
+                (the first gap is the first index; later gaps are >= 1)
+
+Loading fits the saved state to the *current* policy (:func:`load_state`).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from itertools import accumulate
+from types import MappingProxyType
+
+from bitarray import bitarray
+
+from .bloom import BloomShape
+from .bucket import TokenBucket
+from .layered import LayerState
+from .manager import PrincipalRecord, QuotaManager
+from .policy import QuotaPolicy
+
+__all__ = [
+    "DEFAULT_USER",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "LoadReport",
+    "QuotaOverrides",
+    "StateFormatError",
+    "StateSnapshot",
+    "UnsupportedStateVersion",
+    "decode_state",
+    "dump_state",
+    "encode_state",
+    "load_state",
+    "snapshot_state",
+]
+
+MAGIC = b"PIDGSTAT"
+FORMAT_VERSION = 1
+DEFAULT_USER = "<default>"  # the user-default entity, as kafka-configs prints it
+
+_HEADER = struct.Struct(">8sHHQQ")
+_CRC = struct.Struct(">I")
+_RAW, _SPARSE16, _SPARSE32 = 0, 1, 2
+# Refuse absurd shapes before allocating bits for them (2**32 bits = 512 MiB per layer).
+_MAX_BIT_COUNT = 2**32
+
+
+class StateFormatError(ValueError):
+    """The bytes are not a state this version can load: not a state file, corrupt, truncated,
+    or from a newer format. The message says which."""
+
+
+class UnsupportedStateVersion(StateFormatError):
+    """A state written by a newer format version (e.g. after a downgrade)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"state format version {version} is newer than this pidgate reads ({FORMAT_VERSION})"
+        )
+        self.version = version
+
+
+# -- quota overrides ----------------------------------------------------------------------
+
+
+def _check_override(user: object, rate: object) -> None:
+    if not isinstance(user, str) or not user:
+        raise ValueError(f"override users must be non-empty strings, got {user!r}")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or rate < 0):
+        raise ValueError(f"producer_ids_rate override of {user!r} must be None or an int >= 0")
+
+
+class QuotaOverrides(Mapping[str, int | None]):
+    """``producer_ids_rate`` set at run time (AlterClientQuotas), keyed like
+    ``QuotaPolicy.user_producer_ids_rates`` by user name, with :data:`DEFAULT_USER` for the
+    user-default entity. A value of None records that the entity's rate was *removed*: the user
+    falls back to the default rate (for :data:`DEFAULT_USER`: users without their own rate are
+    unlimited), whatever the configuration file says. Immutable; overrides win over the file."""
+
+    __slots__ = ("_rates",)
+
+    def __init__(
+        self, rates: Mapping[str, int | None] | Iterable[tuple[str, int | None]] = ()
+    ) -> None:
+        items = dict(rates)
+        for user, rate in items.items():
+            _check_override(user, rate)
+        self._rates: Mapping[str, int | None] = MappingProxyType(items)
+
+    def __getitem__(self, user: str) -> int | None:
+        return self._rates[user]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rates)
+
+    def __len__(self) -> int:
+        return len(self._rates)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._rates.items()))
+
+    def __repr__(self) -> str:
+        return f"QuotaOverrides({dict(self._rates)!r})"
+
+    def with_rate(self, user: str, rate: int | None) -> QuotaOverrides:
+        """These overrides with ``user``'s rate set (None: removed)."""
+        return QuotaOverrides({**self._rates, user: rate})
+
+    def apply_to(self, policy: QuotaPolicy) -> QuotaPolicy:
+        """``policy`` (from the configuration) with these overrides on top."""
+        if not self._rates:
+            return policy
+        users = dict(policy.user_producer_ids_rates)
+        default = policy.default_producer_ids_rate
+        for user, rate in self._rates.items():
+            if user == DEFAULT_USER:
+                default = rate
+            elif rate is None:
+                users.pop(user, None)
+            else:
+                users[user] = rate
+        return replace(policy, default_producer_ids_rate=default, user_producer_ids_rates=users)
+
+
+# -- snapshot and report ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshot:
+    """The decoded content of a state: what was saved, before fitting it to a policy."""
+
+    dumped_at_ms: int
+    overrides: QuotaOverrides
+    principals: tuple[PrincipalRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """What :func:`load_state` kept and dropped, for the startup log line."""
+
+    dumped_at_ms: int
+    overrides: QuotaOverrides = field(default_factory=QuotaOverrides)
+    principals_saved: int = 0
+    principals_restored: int = 0
+    layers_restored: int = 0
+    layers_expired: int = 0
+    principals_unlimited: int = 0  # dropped: unlimited under the current policy
+    principals_idle: int = 0  # dropped: no live layer left and a full bucket (as expire())
+    principals_reshaped: int = 0  # saved Bloom shape differs from the policy's: kept as saved
+    layers_reshaped: int = 0
+    principals_evicted: int = 0  # dropped to honour max_principals / max_total_bits
+
+
+# -- dump -----------------------------------------------------------------------------------
+
+
+def snapshot_state(
+    manager: QuotaManager, now_ms: int, overrides: QuotaOverrides | None = None
+) -> StateSnapshot:
+    """A copy of ``manager``'s state (the fast half of :func:`dump_state`: call it on the event
+    loop, then :func:`encode_state` may run in a worker thread)."""
+    return StateSnapshot(now_ms, overrides or QuotaOverrides(), manager.export())
+
+
+def dump_state(
+    manager: QuotaManager, now_ms: int, overrides: QuotaOverrides | None = None
+) -> bytes:
+    """The state of ``manager`` and the run-time ``overrides`` at ``now_ms``, as bytes."""
+    return encode_state(snapshot_state(manager, now_ms, overrides))
+
+
+class _Writer:
+    __slots__ = ("_out",)
+
+    def __init__(self) -> None:
+        self._out = bytearray()
+
+    def uv(self, value: int) -> None:
+        if value < 0:
+            raise ValueError(f"cannot encode {value} as unsigned")
+        out = self._out
+        while value >= 0x80:
+            out.append((value & 0x7F) | 0x80)
+            value >>= 7
+        out.append(value)
+
+    def sv(self, value: int) -> None:
+        self.uv(value * 2 if value >= 0 else -value * 2 - 1)
+
+    def text(self, value: str) -> None:
+        data = value.encode("utf-8", "surrogatepass")
+        self.uv(len(data))
+        self._out += data
+
+    def raw(self, data: bytes) -> None:
+        self._out += data
+
+    def getvalue(self) -> bytes:
+        return bytes(self._out)
+
+
+def _write_bits(w: _Writer, bit_count: int, data: bytes) -> None:
+    bits = bitarray(endian="big")
+    bits.frombytes(data)
+    set_count = bits.count(1)
+    width = 2 if bit_count <= 0x10000 else 4
+    if set_count * width + 3 >= len(data):
+        w.uv(_RAW)
+        w.raw(data)
+        return
+    indexes = list(bits.search(1))
+    gaps = [b - a for a, b in zip([0, *indexes], indexes, strict=False)]
+    w.uv(_SPARSE16 if width == 2 else _SPARSE32)
+    w.uv(len(gaps))
+    w.raw(struct.pack(f"<{len(gaps)}{'H' if width == 2 else 'I'}", *gaps))
+
+
+def encode_state(snapshot: StateSnapshot) -> bytes:
+    """``snapshot`` in the format described in the module docstring."""
+    w = _Writer()
+    w.sv(snapshot.dumped_at_ms)
+    w.uv(len(snapshot.overrides))
+    for user in sorted(snapshot.overrides):
+        rate = snapshot.overrides[user]
+        w.text(user)
+        if rate is None:
+            w.uv(0)
+        else:
+            w.uv(1)
+            w.uv(rate)
+    w.uv(len(snapshot.principals))
+    for record in snapshot.principals:
+        bucket, shape = record.bucket, record.shape
+        w.text(record.principal)
+        w.uv(bucket.rate)
+        w.uv(bucket.window_ms)
+        w.uv(bucket.level)
+        w.sv(bucket.updated_ms)
+        w.uv(shape.bit_count)
+        w.uv(shape.hash_count)
+        w.uv(shape.expected_items)
+        w.uv(len(record.layers))
+        for layer in record.layers:
+            w.sv(layer.start_ms)
+            w.uv(layer.last_write_ms - layer.start_ms)
+            w.uv(layer.inserted_count)
+            _write_bits(w, shape.bit_count, layer.bits)
+    body = w.getvalue()
+    compressed = zlib.compress(body, 6)
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(body), len(compressed)) + compressed
+    return head + _CRC.pack(zlib.crc32(head))
+
+
+# -- load -----------------------------------------------------------------------------------
+
+
+class _Reader:
+    __slots__ = ("_data", "_pos")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def uv(self) -> int:
+        data, pos = self._data, self._pos
+        value = shift = 0
+        while True:
+            if pos >= len(data):
+                raise StateFormatError("body ends inside a number")
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+            if shift > 70:
+                raise StateFormatError("number longer than 10 bytes")
+        self._pos = pos
+        return value
+
+    def sv(self) -> int:
+        value = self.uv()
+        return value >> 1 if not value & 1 else -((value + 1) >> 1)
+
+    def raw(self, n: int) -> bytes:
+        end = self._pos + n
+        if end > len(self._data):
+            raise StateFormatError(f"body ends inside a {n}-byte field")
+        out = self._data[self._pos : end]
+        self._pos = end
+        return out
+
+    def text(self) -> str:
+        try:
+            return self.raw(self.uv()).decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as exc:
+            raise StateFormatError(f"a name is not valid UTF-8: {exc}") from None
+
+    @property
+    def at_end(self) -> bool:
+        return self._pos == len(self._data)
+
+
+def _read_bits(r: _Reader, bit_count: int) -> bytes:
+    encoding = r.uv()
+    if encoding == _RAW:
+        return r.raw((bit_count + 7) // 8)
+    if encoding not in (_SPARSE16, _SPARSE32):
+        raise StateFormatError(f"unknown layer encoding {encoding}")
+    count = r.uv()
+    width, code = (2, "H") if encoding == _SPARSE16 else (4, "I")
+    gaps = struct.unpack(f"<{count}{code}", r.raw(count * width))
+    if any(gap == 0 for gap in gaps[1:]):
+        raise StateFormatError("sparse layer repeats a bit index")
+    indexes = list(accumulate(gaps))
+    if indexes and indexes[-1] >= bit_count:
+        raise StateFormatError(f"sparse layer sets bit {indexes[-1]} of {bit_count}")
+    bits = bitarray(bit_count, endian="big")
+    bits.setall(0)
+    bits[indexes] = 1
+    return bits.tobytes()
+
+
+def _unwrap(data: bytes) -> bytes:
+    """The body of a state, after checking magic, version, lengths and CRC."""
+    if data[: len(MAGIC)] != MAGIC:
+        if data and MAGIC.startswith(data):
+            raise StateFormatError(f"truncated: {len(data)} bytes is shorter than the header")
+        raise StateFormatError("not a pidgate state (bad magic)")
+    if len(data) < _HEADER.size + _CRC.size:
+        raise StateFormatError(f"truncated: {len(data)} bytes is shorter than the header")
+    _, version, flags, raw_len, zlen = _HEADER.unpack_from(data)
+    if version > FORMAT_VERSION:
+        raise UnsupportedStateVersion(version)
+    if version != FORMAT_VERSION or flags != 0:
+        raise StateFormatError(f"corrupt header: version {version}, flags {flags:#x}")
+    expected = _HEADER.size + zlen + _CRC.size
+    if len(data) != expected:
+        what = "truncated" if len(data) < expected else "trailing bytes"
+        raise StateFormatError(f"{what}: {len(data)} bytes, the header says {expected}")
+    (crc,) = _CRC.unpack_from(data, expected - _CRC.size)
+    if zlib.crc32(data[: expected - _CRC.size]) != crc:
+        raise StateFormatError("checksum mismatch: the state is corrupt")
+    inflater = zlib.decompressobj()
+    try:
+        body = inflater.decompress(data[_HEADER.size : expected - _CRC.size], raw_len)
+    except zlib.error as exc:
+        raise StateFormatError(f"body does not decompress: {exc}") from None
+    if len(body) != raw_len or inflater.unconsumed_tail or not inflater.eof:
+        raise StateFormatError(f"body decompresses to other than the {raw_len} bytes declared")
+    return body
+
+
+def decode_state(data: bytes) -> StateSnapshot:
+    """The state in ``data``, exactly as saved. Raises :class:`StateFormatError` (or its
+    subclass :class:`UnsupportedStateVersion`) if ``data`` is not a complete, intact state."""
+    r = _Reader(_unwrap(data))
+    try:
+        dumped_at_ms = r.sv()
+        overrides: dict[str, int | None] = {}
+        for _ in range(r.uv()):
+            user = r.text()
+            tag = r.uv()
+            if tag not in (0, 1):
+                raise StateFormatError(f"override of {user!r} has unknown tag {tag}")
+            overrides[user] = r.uv() if tag else None
+        principals: list[PrincipalRecord] = []
+        for _ in range(r.uv()):
+            name = r.text()
+            bucket = TokenBucket(rate=r.uv(), window_ms=r.uv(), level=r.uv(), updated_ms=r.sv())
+            shape = BloomShape(bit_count=r.uv(), hash_count=r.uv(), expected_items=r.uv())
+            if shape.bit_count > _MAX_BIT_COUNT:
+                raise StateFormatError(f"principal {name!r} has {shape.bit_count} bits per layer")
+            layers: list[LayerState] = []
+            for _ in range(r.uv()):
+                start_ms = r.sv()
+                last_write_ms = start_ms + r.uv()
+                inserted = r.uv()
+                bits = _read_bits(r, shape.bit_count)
+                layers.append(LayerState(start_ms, last_write_ms, inserted, bits))
+            principals.append(PrincipalRecord(name, bucket, shape, tuple(layers)))
+        if not r.at_end:
+            raise StateFormatError("trailing bytes after the last principal")
+        return StateSnapshot(dumped_at_ms, QuotaOverrides(overrides), tuple(principals))
+    except StateFormatError:
+        raise
+    except (ValueError, struct.error) as exc:
+        raise StateFormatError(f"inconsistent state: {exc}") from None
+
+
+def load_state(
+    data: bytes, policy: QuotaPolicy, now_ms: int, *, apply_overrides: bool = True
+) -> tuple[QuotaManager, LoadReport]:
+    """A manager holding the state in ``data``, fitted to the policy in force at ``now_ms``.
+
+    The policy in force is ``policy`` (from the configuration) with the saved overrides on top
+    (``apply_overrides=False``: ``policy`` alone); it is the returned manager's policy, and the
+    overrides are in the report. Per saved principal, idlest first:
+
+    * unlimited now → dropped (the manager does not track unlimited principals);
+    * the bucket, as it stood when saved, is put under the current rate and window (tokens
+      kept, clamped to the new capacity, as ``update_policy`` does), then refilled at the
+      current rate up to ``now_ms`` (a clock that stepped back refills nothing);
+    * layers whose last write is a full current window before ``now_ms`` are dropped;
+    * if the Bloom shape is not the one the current policy gives this principal's rate (another
+      false-positive rate or layer size), its layers are dropped and it starts over in the new
+      shape: its PIDs look new again (they need tokens), its bucket is kept;
+    * no layer left and a full bucket → dropped (exactly what ``expire()`` would forget);
+    * then the caps are enforced, evicting the idlest.
+
+    Raises :class:`StateFormatError` if ``data`` is not a complete, intact state.
+    """
+    snapshot = decode_state(data)
+    effective = snapshot.overrides.apply_to(policy) if apply_overrides else policy
+    manager = QuotaManager(effective)
+    records: list[PrincipalRecord] = []
+    expired = unlimited = idle = reshaped = layers_reshaped = 0
+    dead_before = now_ms - effective.window_ms
+    for record in snapshot.principals:
+        rate = effective.rate_for(record.principal)
+        if rate is None:
+            unlimited += 1
+            continue
+        bucket = (
+            record.bucket.refill(snapshot.dumped_at_ms)
+            .with_rate(rate, effective.window_ms)
+            .refill(now_ms)
+        )
+        layers = tuple(layer for layer in record.layers if layer.last_write_ms > dead_before)
+        expired += len(record.layers) - len(layers)
+        shape = BloomShape.for_capacity(
+            effective.layer_items_for(rate), effective.false_positive_rate
+        )
+        if layers and record.shape != shape:
+            # Keep the saved shape: positions come from the layers' own shape, exactly as
+            # update_policy keeps a principal's shape at run time; dropping the layers would
+            # make every known PID look new (and charge for it) after a restart.
+            reshaped += 1
+            layers_reshaped += len(layers)
+            shape = record.shape
+        if not layers and bucket.is_full(now_ms):
+            idle += 1
+            continue
+        records.append(PrincipalRecord(record.principal, bucket, shape, layers))
+    try:
+        evicted = manager.restore(records)
+    except ValueError as exc:
+        raise StateFormatError(f"inconsistent state: {exc}") from None
+    return manager, LoadReport(
+        dumped_at_ms=snapshot.dumped_at_ms,
+        overrides=snapshot.overrides,
+        principals_saved=len(snapshot.principals),
+        principals_restored=manager.principal_count,
+        # Eviction pops the idlest first, which are the first records restored.
+        layers_restored=sum(len(record.layers) for record in records[evicted:]),
+        layers_expired=expired,
+        principals_unlimited=unlimited,
+        principals_idle=idle,
+        principals_reshaped=reshaped,
+        layers_reshaped=layers_reshaped,
+        principals_evicted=evicted,
+    )
