@@ -164,14 +164,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(environ["PIDGATE_CONFIG"]) if environ.get("PIDGATE_CONFIG") else None
     )
     environ.pop("PIDGATE_CONFIG", None)
+    overrides = serve_overrides(args)
     try:
-        settings = load_settings(config_file, environ, serve_overrides(args))
+        settings = load_settings(config_file, environ, overrides)
     except ConfigError as error:
         print(f"pidgate: {error}", file=sys.stderr)
         return 2
     from pidgate.proxy.runtime import run_proxy
 
-    return run_proxy(settings)
+    return run_proxy(settings, lambda: load_settings(config_file, environ, overrides))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdRespons
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
+from pidgate.demo.broker import free_port
+
 _SIZE = struct.Struct(">i")
 
 #: Error code pidgate answers a throttled Produce with by default (THROTTLING_QUOTA_EXCEEDED).
@@ -297,6 +299,8 @@ class PidgateProcess:
         ]
         if broker_port_base is not None:
             args += ["--broker-port-base", str(broker_port_base)]
+        self.admin_port = free_port()
+        args += ["--http", f"127.0.0.1:{self.admin_port}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIDGATE_")}
         env["PIDGATE_LOGGING_FORMAT"] = "json"
         self.process = subprocess.Popen(
@@ -359,3 +363,108 @@ class PidgateProcess:
         self._log.close()
         with contextlib.suppress(OSError):
             os.unlink(self.log_path)
+
+
+# -- raw SASL (KIP-43 / KIP-152) over a KafkaSocket --------------------------------------------
+
+
+def sasl_handshake(conn: KafkaSocket, mechanism: str, version: int, correlation_id: int) -> int:
+    """SaslHandshake v0/v1 on ``conn``; returns the response's error_code."""
+    from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
+
+    conn.sendall(encode_request(SaslHandshakeRequest(mechanism=mechanism), version, correlation_id))
+    response = decode_response(SaslHandshakeResponse, conn.recv_frame(), version)
+    return int(response.error_code)
+
+
+def send_sasl_authenticate(
+    conn: KafkaSocket, token: bytes, version: int, correlation_id: int
+) -> None:
+    from kafka.protocol.sasl import SaslAuthenticateRequest
+
+    conn.sendall(encode_request(SaslAuthenticateRequest(auth_bytes=token), version, correlation_id))
+
+
+def sasl_authenticate(conn: KafkaSocket, token: bytes, version: int, correlation_id: int) -> Any:
+    """SaslAuthenticate v0-v2 on ``conn``; returns the decoded response (error_code,
+    auth_bytes, session_lifetime_ms for v1+)."""
+    from kafka.protocol.sasl import SaslAuthenticateResponse
+
+    send_sasl_authenticate(conn, token, version, correlation_id)
+    return decode_response(SaslAuthenticateResponse, conn.recv_frame(), version)
+
+
+def send_raw_sasl_token(conn: KafkaSocket, token: bytes) -> None:
+    """A bare size-prefixed token, as after a SaslHandshake v0."""
+    conn.sendall(_SIZE.pack(len(token)) + token)
+
+
+def plain_token(user: str, password: str, authzid: str = "") -> bytes:
+    return f"{authzid}\0{user}\0{password}".encode()
+
+
+def oauthbearer_token(jwt: str) -> bytes:
+    return f"n,,\x01auth=Bearer {jwt}\x01\x01".encode()
+
+
+class ScramClient:
+    """The client side of one RFC 5802 SCRAM-SHA-256/512 exchange (no channel binding)."""
+
+    def __init__(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> None:
+        import base64
+        import hashlib
+
+        self._b64 = base64
+        self.hash = hashlib.sha256 if mechanism.endswith("256") else hashlib.sha512
+        self.password = password
+        self.nonce = base64.b64encode(os.urandom(18)).decode()
+        self.first_bare = f"n={user.replace('=', '=3D').replace(',', '=2C')},r={self.nonce}"
+        #: The client-final-message sent last (contains the proof) and the proof itself.
+        self.final_message = ""
+        self.proof = ""
+
+    def client_first(self) -> bytes:
+        return ("n,," + self.first_bare).encode()
+
+    def client_final(self, server_first: bytes) -> bytes:
+        import hashlib
+        import hmac
+
+        fields = dict(part.split("=", 1) for part in server_first.decode().split(","))
+        salted = hashlib.pbkdf2_hmac(
+            self.hash().name,
+            self.password.encode(),
+            self._b64.b64decode(fields["s"]),
+            int(fields["i"]),
+        )
+        without_proof = f"c={self._b64.b64encode(b'n,,').decode()},r={fields['r']}"
+        auth_message = f"{self.first_bare},{server_first.decode()},{without_proof}".encode()
+        client_key = hmac.new(salted, b"Client Key", self.hash).digest()
+        signature = hmac.new(self.hash(client_key).digest(), auth_message, self.hash).digest()
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+        self.proof = self._b64.b64encode(proof).decode()
+        self.final_message = f"{without_proof},p={self.proof}"
+        return self.final_message.encode()
+
+
+def init_producer_id_on(conn: KafkaSocket, correlation_id: int, version: int = 4) -> int:
+    """A fresh producer id asked on ``conn`` (an authenticated connection)."""
+    request = InitProducerIdRequest(
+        version=version,
+        transactional_id=None,
+        transaction_timeout_ms=60_000,
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    conn.sendall(encode_request(request, version, correlation_id))
+    response = decode_response(InitProducerIdResponse, conn.recv_frame(), version)
+    assert response.error_code == 0, response
+    return int(response.producer_id)
+
+
+def produce_frame(
+    topic: str, producer_id: int, correlation_id: int, version: int = 8, base_sequence: int = 0
+) -> bytes:
+    """A framed acks=-1 Produce request with one idempotent batch of ``producer_id``."""
+    records = record_batch(producer_id, 0, base_sequence=base_sequence)
+    return encode_request(produce_request(version, topic, records), version, correlation_id)

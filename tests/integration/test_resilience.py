@@ -121,6 +121,7 @@ def test_an_upstream_name_that_cannot_resolve_closes_the_client_cleanly() -> Non
     settings = load_settings(
         cli_overrides={
             "proxy": {"upstream": [f"{bad_host}:9092"], "listen": f"127.0.0.1:{free_port()}"},
+            "admin": {"listen": f"127.0.0.1:{free_port()}"},
             "logging": {"format": "json"},
         }
     )

@@ -75,7 +75,7 @@ def test_with_sasl_nobody_until_the_broker_accepts_then_the_observed_user(
 def test_tls_settings_name_what_is_missing(tmp_path: Path) -> None:
     from pidgate.config import ConfigError
 
-    with pytest.raises(ConfigError, match="client_tls.certfile"):
+    with pytest.raises(ConfigError, match=r"client_tls\.certfile"):
         policy(tmp_path, client_tls={"enabled": True, "certfile": str(tmp_path / "nope.pem")})
     with pytest.raises(ConfigError, match="client_auth needs cafile"):
         policy(

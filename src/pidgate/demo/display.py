@@ -45,6 +45,7 @@ def header_lines(
     broker_bootstrap: str,
     broker_pid: int | None,
     proxy_bootstrap: str,
+    admin_url: str,
     duration_s: float,
     log_path: Path,
 ) -> list[str]:
@@ -54,6 +55,7 @@ def header_lines(
         "",
         f"  broker   tansu on {broker_bootstrap}  broker_pid={broker_pid}",
         f"  pidgate  {proxy_bootstrap} (gateway) -> {broker_bootstrap}; clients connect here",
+        f"  metrics  {admin_url}/metrics  (and /state, /healthz, /readyz) while the demo runs",
         f"  quota    {ANONYMOUS_PRINCIPAL} may activate {PRODUCER_IDS_RATE} new producer IDs per "
         f"{WINDOW_SECONDS} s window (a token every {WINDOW_SECONDS / PRODUCER_IDS_RATE:.1f} s, "
         f"burst {PRODUCER_IDS_RATE})",

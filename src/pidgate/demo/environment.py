@@ -42,6 +42,7 @@ def demo_settings(broker: EmbeddedBroker) -> Settings:
                 "users": {"ANONYMOUS": {"producer_ids_rate": PRODUCER_IDS_RATE}},
             },
             "logging": {"level": "info", "format": "json"},
+            "admin": {"listen": f"127.0.0.1:{free_port()}"},
         }
     )
 

@@ -164,6 +164,7 @@ def _produce_and_watch(
             broker_bootstrap=broker.bootstrap,
             broker_pid=broker.pid,
             proxy_bootstrap=proxy.bootstrap,
+            admin_url=f"http://{proxy.server.settings.admin.listen}",
             duration_s=duration_s,
             log_path=log_path,
         )

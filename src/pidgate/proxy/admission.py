@@ -79,7 +79,9 @@ class Gatekeeper:
         if not producer_ids:
             return None
         decision = self.quota.admit(context.principal, producer_ids, quota_clock_ms())
-        if self._observers and (isinstance(decision, Rejected) or decision.new_producer_ids):
+        if self._observers and (
+            isinstance(decision, Rejected) or decision.new_producer_ids or decision.refreshed_count
+        ):
             for observer in self._observers:
                 try:
                     observer.on_decision(context, request, decision)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import cast
 
 from pidgate.protocol.api_versions import (
     ClientSoftware,
+    broker_api_versions,
     encode_api_versions_unsupported,
     narrow_api_versions_response,
     parse_api_versions_request,
@@ -33,7 +35,7 @@ from pidgate.protocol.api_versions import (
 from pidgate.protocol.endpoints import ENDPOINT_BEARING_APIS, rewrite_endpoints
 from pidgate.protocol.errors import ProtocolError, UnsupportedApiError
 from pidgate.protocol.framing import FrameDecoder, frame
-from pidgate.protocol.headers import parse_request_header, parse_response_header
+from pidgate.protocol.headers import RequestHeader, parse_request_header, parse_response_header
 from pidgate.protocol.produce import (
     ProduceRequestSummary,
     encode_produce_rejection,
@@ -42,6 +44,7 @@ from pidgate.protocol.produce import (
 from pidgate.proxy.admission import ProduceContext, Rejected, rejection_error_code
 from pidgate.proxy.context import ProxyContext
 from pidgate.proxy.identity import UnmappablePrincipalError
+from pidgate.proxy.quota_admin import CLIENT_QUOTA_APIS, CLIENT_QUOTA_VERSIONS
 
 PRODUCE = 0
 API_VERSIONS = 18
@@ -62,13 +65,17 @@ Address = tuple[str, int]
 class _Slot:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "response")
+    __slots__ = ("api_key", "api_version", "correlation_id", "merge", "response", "sent_ns")
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
         self.response: bytes | None = None
+        self.sent_ns = time.perf_counter_ns()
+        #: For a request pidgate split (client quotas): builds the client's response from the
+        #: broker's answer to the part that was forwarded.
+        self.merge: Callable[[bytes], bytes] | None = None
 
 
 class ReadGate:
@@ -160,6 +167,7 @@ class ClientConnection(asyncio.Protocol):
         # in the inbox, and reading pauses until the broker side exists.
         self._gate.pause("connecting")
         self._context.connections.add(self)
+        self._context.traffic.connection_opened()
         self._connect_task = asyncio.ensure_future(self._connect_upstream())
 
     def data_received(self, data: bytes) -> None:
@@ -181,7 +189,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._context.connections.discard(self)
+        if self in self._context.connections:
+            self._context.connections.discard(self)
+            self._context.traffic.connection_closed()
         if self._unmute_handle is not None:
             self._unmute_handle.cancel()
         if self._connect_task is not None and not self._connect_task.done():
@@ -282,7 +292,15 @@ class ClientConnection(asyncio.Protocol):
                         f"response correlation_id {correlation_id} does not match the request's "
                         f"{slot.correlation_id}"
                     )
-                response = self._transform_response(slot, response, body_offset)
+                self._context.traffic.response(
+                    slot.api_key,
+                    len(response),
+                    (time.perf_counter_ns() - slot.sent_ns) / 1e9,
+                )
+                if slot.merge is not None:
+                    response = slot.merge(response)
+                else:
+                    response = self._transform_response(slot, response, body_offset)
             except ProtocolError as error:
                 self._fail_upstream("bad_response", str(error))
                 return
@@ -356,8 +374,9 @@ class ClientConnection(asyncio.Protocol):
                 self._sasl_principal_changed()
             return response
         if slot.api_key == API_VERSIONS:
+            self._context.quota_admin.broker_versions = broker_api_versions(body, slot.api_version)
             new_body = narrow_api_versions_response(
-                body, slot.api_version, self._context.api_version_limits
+                body, slot.api_version, self._context.api_version_limits, CLIENT_QUOTA_VERSIONS
             )
         elif slot.api_key in ENDPOINT_BEARING_APIS:
             new_body = rewrite_endpoints(
@@ -386,8 +405,9 @@ class ClientConnection(asyncio.Protocol):
         ):
             request = self._inbox.popleft()
             try:
-                if self._handle_request(request):
-                    forward.append(request)
+                outgoing = self._handle_request(request)
+                if outgoing is not None:
+                    forward.append(outgoing)
             except ProtocolError as error:
                 self._fail("bad_request", error)
                 return
@@ -398,8 +418,9 @@ class ClientConnection(asyncio.Protocol):
             upstream.write_frames(forward)
         self._flush_responses()
 
-    def _handle_request(self, request: bytes) -> bool:
-        """Account for one request; True when it must be forwarded to the broker."""
+    def _handle_request(self, request: bytes) -> bytes | None:
+        """Account for one request; the frame to forward to the broker (usually ``request``
+        itself), or None when pidgate answered it (or nothing answers it)."""
         payload = memoryview(request)[4:]
         sasl = self._sasl
         if sasl is not None and sasl.expects_raw_tokens:
@@ -409,7 +430,7 @@ class ClientConnection(asyncio.Protocol):
                 slot = _Slot(RAW_SASL_TOKEN, 0, -1)
                 self._slots.append(slot)
                 self._awaiting_upstream.append(slot)
-                return True
+                return request
             # The exchange ended without a last server token (GSSAPI): drop what waits for one.
             self._drop_unanswered_raw_tokens()
             self._sasl_principal_changed()
@@ -427,7 +448,7 @@ class ClientConnection(asyncio.Protocol):
                 error.correlation_id, self._context.api_version_limits[API_VERSIONS]
             )
             self._slots.append(slot)
-            return False
+            return None
         limits = self._context.api_version_limits.get(header.api_key)
         if limits is None or not limits[0] <= header.api_version <= limits[1]:
             raise UnsupportedApiError(
@@ -437,6 +458,7 @@ class ClientConnection(asyncio.Protocol):
                 else f"api_key {header.api_key} is not one pidgate forwards"
             )
         self.client_id = header.client_id
+        self._context.traffic.request(header.api_key, len(request))
         body = payload[header.header_bytes :]
         expects_response = True
         if header.api_key == PRODUCE:
@@ -457,8 +479,10 @@ class ClientConnection(asyncio.Protocol):
             decision = self._context.gatekeeper.check(context, produce)
             if isinstance(decision, Rejected):
                 self._reject(header.api_version, header.correlation_id, produce, decision, context)
-                return False
+                return None
             expects_response = produce.acks != 0
+        elif header.api_key in CLIENT_QUOTA_APIS:
+            return self._client_quotas(header, payload, body)
         elif header.api_key == SASL_HANDSHAKE and sasl is not None:
             sasl.on_handshake_request(body, header.api_version)
         elif header.api_key == SASL_AUTHENTICATE and sasl is not None:
@@ -475,7 +499,27 @@ class ClientConnection(asyncio.Protocol):
             self._awaiting_upstream.append(slot)
         elif header.api_key == PRODUCE:
             self._acks0_ids.append(header.correlation_id)
-        return True
+        return request
+
+    def _client_quotas(
+        self, header: RequestHeader, payload: memoryview, body: memoryview
+    ) -> bytes | None:
+        """producer_ids_rate is pidgate's to answer (KIP-546 APIs); the rest is the broker's."""
+        plan = self._context.quota_admin.plan(
+            header.api_key,
+            header.api_version,
+            header.correlation_id,
+            bytes(payload[: header.header_bytes]),
+            body,
+        )
+        slot = _Slot(header.api_key, header.api_version, header.correlation_id)
+        self._slots.append(slot)
+        if plan.local_response is not None:
+            slot.response = plan.local_response
+            return None
+        slot.merge = plan.merge
+        self._awaiting_upstream.append(slot)
+        return plan.forward_frame
 
     def _drop_unanswered_raw_tokens(self) -> None:
         unanswered = [s for s in self._awaiting_upstream if s.api_key == RAW_SASL_TOKEN]
@@ -549,6 +593,7 @@ class ClientConnection(asyncio.Protocol):
     # -- failures -----------------------------------------------------------------------------
 
     def _fail(self, event: str, error: Exception) -> None:
+        self._context.traffic.protocol_error(event)
         self._context.log.warning(
             event,
             key=self.peer.rpartition(":")[0],  # per client host: a storm of connections is one key
@@ -559,6 +604,7 @@ class ClientConnection(asyncio.Protocol):
         self.close()
 
     def _fail_upstream(self, event: str, reason: str) -> None:
+        self._context.traffic.protocol_error(event)
         self._context.log.warning(event, key=event, client=self.peer, error=reason)
         if self._upstream is not None:
             self._upstream.close()

@@ -9,16 +9,28 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pidgate.config import Settings
 from pidgate.proxy.admission import Gatekeeper
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog
+from pidgate.proxy.quota_admin import QuotaAdmin
 from pidgate.proxy.routing import Router
 
 if TYPE_CHECKING:
     from pidgate.proxy.connection import ClientConnection
+
+
+class TrafficObserver(Protocol):
+    """What the connections report for metrics; called on the hot path, so implementations
+    must be cheap (plain counter additions)."""
+
+    def connection_opened(self) -> None: ...
+    def connection_closed(self) -> None: ...
+    def request(self, api_key: int, size_bytes: int) -> None: ...
+    def response(self, api_key: int, size_bytes: int, upstream_latency_s: float | None) -> None: ...
+    def protocol_error(self, kind: str) -> None: ...
 
 
 @dataclass
@@ -31,6 +43,10 @@ class ProxyContext:
     api_version_limits: Mapping[int, tuple[int, int]]
     #: Who each connection is charged to (PLAINTEXT, TLS certificates, observed SASL).
     identity: IdentityPolicy
+    #: Where traffic is counted (metrics).
+    traffic: TrafficObserver
+    #: Answers producer_ids_rate in the client-quota APIs.
+    quota_admin: QuotaAdmin
     #: TLS towards the brokers, or None for plaintext.
     upstream_ssl: ssl.SSLContext | None = None
     connections: set[ClientConnection] = field(default_factory=set)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 
 from pidgate.config import Settings
 from pidgate.proxy.logs import configure_logging, get_logger
@@ -26,29 +27,45 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-async def serve_until_signalled(server: ProxyServer) -> None:
+def _reload(server: ProxyServer, reload_settings: Callable[[], Settings]) -> None:
+    try:
+        settings = reload_settings()
+    except Exception as error:  # a bad file must not take the proxy down: keep the old one
+        server.metrics.config_reloaded(False)
+        get_logger().error("config_reload_failed", error=str(error))
+        return
+    server.reload(settings)
+
+
+async def serve_until_signalled(
+    server: ProxyServer, reload_settings: Callable[[], Settings] | None = None
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if reload_settings is not None:
+        loop.add_signal_handler(signal.SIGHUP, _reload, server, reload_settings)
     try:
         await server.start()
         await stop.wait()
         get_logger().info("shutdown_requested", grace_ms=server.settings.proxy.shutdown_grace_ms)
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
         await server.stop()
 
 
-def run_proxy(settings: Settings) -> int:
+def run_proxy(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; SIGHUP re-reads the configuration through
+    ``reload_settings`` (quotas and the rejection table take effect at once)."""
     configure_logging(settings.logging)
     loop = new_event_loop()
     try:
-        loop.run_until_complete(serve_until_signalled(ProxyServer(settings)))
+        loop.run_until_complete(serve_until_signalled(ProxyServer(settings), reload_settings))
     except OSError as error:
-        get_logger().error("listen_failed", listen=str(settings.proxy.listen), error=str(error))
+        get_logger().error("startup_failed", error=str(error))
         return 1
     finally:
         loop.close()

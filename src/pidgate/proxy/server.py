@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pidgate.config import Settings
 from pidgate.protocol.api_versions import proxy_api_version_limits
+from pidgate.protocol.client_quotas import QuotaChange
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import (
     DecisionObserver,
@@ -23,12 +26,19 @@ from pidgate.proxy.admission import (
 )
 from pidgate.proxy.connection import ClientConnection
 from pidgate.proxy.context import ProxyContext
+from pidgate.proxy.http import AdminHttpServer
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog, get_logger
+from pidgate.proxy.metrics import ProxyMetrics
+from pidgate.proxy.quota_admin import QuotaAdmin, entity_key
+from pidgate.proxy.quota_control import (
+    open_quota_control,
+    snapshot_for_saving,
+    write_snapshot,
+)
 from pidgate.proxy.routing import Address, BrokerRoute, Router
 from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
-from pidgate.quota.manager import Admitted, Decision, QuotaManager
-from pidgate.quota.policy import QuotaPolicy
+from pidgate.quota.manager import Admitted, Decision
 
 
 @dataclass
@@ -64,26 +74,15 @@ class DecisionCounters:
                 self.rejected_producer_ids.update(decision.unknown_producer_ids)
 
 
-def quota_manager_for(settings: Settings) -> QuotaManager:
-    quota = settings.quota
-    return QuotaManager(
-        QuotaPolicy(
-            window_ms=quota.window_ms,
-            window_num=quota.window_num,
-            false_positive_rate=quota.false_positive_rate,
-            default_producer_ids_rate=quota.default_producer_ids_rate,
-            user_producer_ids_rates=quota.user_producer_ids_rates,
-            max_principals=quota.max_principals,
-            max_total_bits=quota.max_total_bits,
-        )
-    )
-
-
 class ProxyServer:
     def __init__(self, settings: Settings, observers: tuple[DecisionObserver, ...] = ()) -> None:
         self.settings = settings
         self.counters = DecisionCounters()
-        self.quota = quota_manager_for(settings)
+        self.quota_control = open_quota_control(settings, quota_clock_ms)
+        self.quota = self.quota_control.manager
+        self.metrics = ProxyMetrics(
+            self.quota, quota_clock_ms, max_user_labels=settings.admin.max_user_labels
+        )
         log = RateLimitedLog(
             max_events=settings.logging.rate_limit_events,
             interval_ms=settings.logging.rate_limit_interval_ms,
@@ -92,14 +91,19 @@ class ProxyServer:
         self.context = ProxyContext(
             settings=settings,
             gatekeeper=Gatekeeper(
-                self.quota, (self.counters, *observers), on_observer_error=self._observer_failed
+                self.quota,
+                (self.counters, self.metrics, *observers),
+                on_observer_error=self._observer_failed,
             ),
             router=self.router,
             log=log,
             api_version_limits=proxy_api_version_limits(),
             identity=IdentityPolicy(settings),
             upstream_ssl=upstream_ssl_context(settings.upstream_tls),
+            traffic=self.metrics,
+            quota_admin=QuotaAdmin(self.quota_control.effective_rates, self._apply_quota_changes),
         )
+        self._admin: AdminHttpServer | None = None
         self._client_ssl = client_ssl_context(settings.client_tls)
         self._certificates = (
             CertificateReloader(self._client_ssl, settings.client_tls) if self._client_ssl else None
@@ -109,8 +113,54 @@ class ProxyServer:
         self._housekeeping: asyncio.Task[None] | None = None
         self._stopping = False
         self._reloading: asyncio.Task[None] | None = None
+        self._persisting: asyncio.Task[None] | None = None
+
+    def _apply_quota_changes(
+        self, changes: list[tuple[int, QuotaChange]]
+    ) -> Mapping[int, tuple[int, str | None]]:
+        failures = self.quota_control.apply_changes(changes)
+        for _, change in changes:
+            get_logger().info(
+                "quota_changed",
+                user=entity_key(change.entity),
+                producer_ids_rate=change.rate,
+                source="client_quotas_api",
+            )
+        return failures
+
+    def reload(self, settings: Settings) -> None:
+        """Apply a re-read config file (SIGHUP): quotas, rejection table, log rate limits.
+        Listener, TLS and routing settings need a restart and are left as they are."""
+        self.quota_control.reload(settings)
+        self.settings = settings
+        self.context.settings = settings
+        self.metrics.config_reloaded(True)
+        get_logger().info("config_reloaded", producer_ids_rate=self.quota_control.effective_rates())
+
+    def state(self) -> dict[str, Any]:
+        state = self.quota_control.state()
+        state["connections"] = len(self.context.connections)
+        state["listeners"] = {
+            "bootstrap": "{}:{}".format(*self.bootstrap_address) if self._bootstrap else None,
+            "brokers": self.broker_listener_ports,
+        }
+        return state
+
+    async def upstream_ready(self) -> bool:
+        """An upstream broker accepts a TCP connection (for /readyz)."""
+        for host, port in self.router.bootstrap_upstreams:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+            except (OSError, TimeoutError):
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return True
+        return False
 
     def _observer_failed(self, observer: DecisionObserver, error: Exception) -> None:
+        self.metrics.observer_error()
         self.context.log.warning(
             "observer_failed",
             key=type(observer).__name__,
@@ -130,7 +180,16 @@ class ProxyServer:
             reuse_address=True,
             ssl=self._client_ssl,
         )
+        if self.settings.admin.enabled:
+            admin = self.settings.admin.listen
+            self._admin = AdminHttpServer(self.metrics, self.state, self.upstream_ready)
+            try:
+                await self._admin.start(admin.host, admin.port)
+            except OSError as error:
+                raise OSError(f"admin HTTP listener {admin}: {error}") from error
         self._housekeeping = asyncio.ensure_future(self._expire_periodically())
+        if self.settings.state.path is not None:
+            self._persisting = asyncio.ensure_future(self._persist_periodically())
         if self._certificates is not None:
             self._reloading = asyncio.ensure_future(self._reload_certificates_periodically())
         get_logger().info(
@@ -162,7 +221,11 @@ class ProxyServer:
         closing = list(self.context.connections)
         for conn in closing:
             conn.close()
-        for task in (self._housekeeping, self._reloading):
+        if self._admin is not None:
+            await self._admin.stop()
+        if self.settings.state.path is not None:
+            self._save_state_now()
+        for task in (self._housekeeping, self._reloading, self._persisting):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -240,6 +303,31 @@ class ProxyServer:
                     key="reload",
                     error=str(error),
                     certfile=str(self.settings.client_tls.certfile),
+                )
+
+    def _save_state_now(self) -> None:
+        try:
+            write_snapshot(snapshot_for_saving(self.quota_control), self.settings)
+        except OSError as error:
+            get_logger().error(
+                "state_file_write_failed", path=str(self.settings.state.path), error=str(error)
+            )
+            return
+        get_logger().info("state_saved", path=str(self.settings.state.path))
+
+    async def _persist_periodically(self) -> None:
+        interval_s = self.settings.state.persist_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            snapshot = snapshot_for_saving(self.quota_control)  # on the loop: consistent
+            try:
+                await asyncio.to_thread(write_snapshot, snapshot, self.settings)
+            except OSError as error:
+                self.context.log.warning(
+                    "state_file_write_failed",
+                    key="state",
+                    path=str(self.settings.state.path),
+                    error=str(error),
                 )
 
     async def _expire_periodically(self) -> None:

@@ -1,0 +1,587 @@
+"""Prometheus metrics of one proxy: traffic by api_key, quota decisions per user, KIP-936's three
+per-user quota metrics, Bloom memory, and how long throttled producer IDs have been waiting
+(KIP-91).
+
+Owns: ``ProxyMetrics`` (a ``DecisionObserver``), its private ``CollectorRegistry`` and the metric
+names, which are a contract (dashboards and alert rules in deploy/ query them).
+
+Design: the hot path (every request and response) only adds to plain ints in preallocated lists;
+every Prometheus object is built at scrape time by a custom collector. Per-user series are capped
+(``max_user_labels``, the rest aggregate into ``user="__other__"``) and idle users are dropped, so
+memory and label cardinality stay bounded whatever principals clients present.
+
+Threading: not thread-safe, like the quota manager. Scrape from the event loop that serves the
+proxy (``AdminHttpServer`` does), never from prometheus_client's threaded HTTP server.
+
+Must not import: asyncio, socket, structlog, the connection or server modules (they call us).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from kafka.protocol.api_key import ApiKey
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from pidgate.protocol.produce import ProduceRequestSummary
+from pidgate.proxy.admission import ProduceContext
+from pidgate.quota.manager import Admitted, Decision, PrincipalState, QuotaManager
+from pidgate.quota.policy import user_name
+
+__all__ = [
+    "DELIVERY_TIMEOUT_MS_DEFAULT",
+    "LATENCY_BUCKETS_S",
+    "OTHER_USER",
+    "ProxyMetrics",
+    "api_key_name",
+]
+
+#: Label value that aggregates every user beyond ``max_user_labels``.
+OTHER_USER: Final = "__other__"
+
+#: Upstream latency buckets, 0.1 ms .. 10 s: loopback brokers answer in well under a millisecond,
+#: acks=all Produce and long-poll Fetch (fetch.max.wait.ms, 500 ms default) take up to seconds.
+LATENCY_BUCKETS_S: Final[tuple[float, ...]] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+# repr of these floats is what the Go client prints too ("0.0001", "1.0"): stable le labels.
+_BUCKET_LABELS: Final = (*(repr(b) for b in LATENCY_BUCKETS_S), "+Inf")
+
+#: KIP-91 ``delivery.timeout.ms`` default (Java producer and librdkafka): a record not acknowledged
+#: within it fails in the client, so a PID throttled longer than this has lost records.
+DELIVERY_TIMEOUT_MS_DEFAULT: Final = 120_000
+
+#: api keys are int16 on the wire; Kafka uses < 100 of them. Counters live in lists indexed by
+#: api key (a list index is the cheapest per-request update), the last slot takes anything else.
+_API_SLOTS: Final = 128
+_OTHER_API: Final = _API_SLOTS
+
+#: Principals come from authentication (SASL, mTLS subject); a label this long is already absurd,
+#: and truncating bounds the memory one hostile name can pin.
+_MAX_USER_LABEL_CHARS: Final = 256
+#: Protocol error kinds are named by pidgate's own code, but stay bounded even if one is built
+#: from input by mistake.
+_MAX_ERROR_KINDS: Final = 64
+
+_API_NAMES: Final[dict[int, str]] = {int(key.value): str(key.name) for key in ApiKey}
+
+
+def api_key_name(api_key: int) -> str:
+    """``0`` → ``"Produce"``; keys kafka-python does not name keep their number, keys outside
+    the counted range are ``"other"``."""
+    if not 0 <= api_key < _API_SLOTS:
+        return "other"
+    return _API_NAMES.get(api_key, str(api_key))
+
+
+class _User:
+    """Per-user counters; one per label value (at most ``max_user_labels`` plus ``__other__``)."""
+
+    __slots__ = (
+        "last_seen_ms",
+        "new_producer_ids",
+        "produce_requests_rejected",
+        "producer_ids_rejected",
+        "throttle_time_ms",
+    )
+
+    def __init__(self, now_ms: int) -> None:
+        self.last_seen_ms = now_ms
+        self.new_producer_ids = 0
+        self.producer_ids_rejected = 0
+        self.produce_requests_rejected = 0
+        self.throttle_time_ms = 0
+
+
+class _QuotaAggregate:
+    """Snapshot values of the principals behind one label (several when names collide after
+    ``User:`` stripping, many for ``__other__``)."""
+
+    __slots__ = ("false_positive_rate", "layers", "rate", "tokens")
+
+    def __init__(self, state: PrincipalState) -> None:
+        self.rate = state.producer_ids_rate
+        self.tokens = state.tokens
+        self.layers = state.layer_count
+        self.false_positive_rate = state.estimated_false_positive_rate
+
+    def merge(self, state: PrincipalState) -> None:
+        # Layers add up; for the rest the worst case is what an operator needs to see.
+        self.rate = max(self.rate, state.producer_ids_rate)
+        self.tokens = min(self.tokens, state.tokens)
+        self.layers += state.layer_count
+        self.false_positive_rate = max(
+            self.false_positive_rate, state.estimated_false_positive_rate
+        )
+
+
+class _Collector:
+    """The prometheus_client collector: builds every metric family from ProxyMetrics' state."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self._metrics.collect()
+
+
+class ProxyMetrics:
+    """Counts what the proxy does and exports it in Prometheus format.
+
+    Feed it from the connection (``connection_opened`` / ``connection_closed`` / ``request`` /
+    ``response`` / ``protocol_error``), register it with the ``Gatekeeper`` as a
+    ``DecisionObserver``, call ``config_reloaded`` after each reload; ``render()`` is the
+    ``/metrics`` body.
+    """
+
+    def __init__(
+        self,
+        quota: QuotaManager,
+        now_ms: Callable[[], int],
+        max_user_labels: int = 1000,
+        user_idle_ms: int = 3_600_000,
+        *,
+        max_waiting_pids: int = 100_000,
+        delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS_DEFAULT,
+        wait_forget_ms: int = 2 * 5 * 60_000,
+    ) -> None:
+        if max_user_labels < 1:
+            raise ValueError(f"max_user_labels must be >= 1, got {max_user_labels}")
+        if user_idle_ms < 1:
+            raise ValueError(f"user_idle_ms must be >= 1, got {user_idle_ms}")
+        if max_waiting_pids < 1:
+            raise ValueError(f"max_waiting_pids must be >= 1, got {max_waiting_pids}")
+        self._quota = quota
+        self._now_ms = now_ms
+        self._max_user_labels = max_user_labels
+        self._user_idle_ms = user_idle_ms
+        self._max_waiting_pids = max_waiting_pids
+        self._delivery_timeout_ms = delivery_timeout_ms
+        # KIP-91 caps delivery.timeout.ms only by the user's patience; 2x the usual upper
+        # setting (5 min) covers clients that raised it, after which a PID still "waiting" is a
+        # producer that gave up or went away, and keeping it would only hold memory.
+        self._wait_forget_ms = wait_forget_ms
+
+        # -- traffic (hot path: list index += int) --
+        slots = _API_SLOTS + 1
+        self._requests = [0] * slots
+        self._request_bytes = [0] * slots
+        self._response_bytes = [0] * slots
+        # Non-cumulative bucket counts (last = +Inf) per api key, allocated on first use.
+        self._latency_counts: list[list[int] | None] = [None] * slots
+        self._latency_sums = [0.0] * slots
+        self._connections_opened = 0
+        self._connections_closed = 0
+        self._protocol_errors: dict[str, int] = {}
+        self._config_reloads = {"success": 0, "failure": 0}
+        self._observer_errors = 0
+
+        # -- per user --
+        # Least recently seen first, so idle users are popped from the front in O(1).
+        self._users: OrderedDict[str, _User] = OrderedDict()
+        self._other = _User(0)
+        self._other_used = False
+        self._producer_ids_refreshed = 0
+
+        # -- KIP-91: (user label key, PID) -> first rejection, oldest first --
+        self._waiting: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._waits_dropped = 0
+
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Collector(self))
+
+    # -- output ----------------------------------------------------------------------------
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self._registry
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition format (0.0.4) of this proxy's registry."""
+        return generate_latest(self._registry)
+
+    # -- traffic (called per request / response: keep these to a few int additions) --------
+
+    def connection_opened(self) -> None:
+        self._connections_opened += 1
+
+    def connection_closed(self) -> None:
+        self._connections_closed += 1
+
+    def request(self, api_key: int, size_bytes: int) -> None:
+        slot = api_key if 0 <= api_key < _API_SLOTS else _OTHER_API
+        self._requests[slot] += 1
+        self._request_bytes[slot] += size_bytes
+
+    def response(self, api_key: int, size_bytes: int, upstream_latency_s: float | None) -> None:
+        """``upstream_latency_s``: request forwarded → response read from the broker; None for
+        responses pidgate made itself (rejections, narrowed ApiVersions errors)."""
+        slot = api_key if 0 <= api_key < _API_SLOTS else _OTHER_API
+        self._response_bytes[slot] += size_bytes
+        if upstream_latency_s is not None:
+            counts = self._latency_counts[slot]
+            if counts is None:
+                counts = self._latency_counts[slot] = [0] * (len(LATENCY_BUCKETS_S) + 1)
+            counts[bisect_left(LATENCY_BUCKETS_S, upstream_latency_s)] += 1
+            self._latency_sums[slot] += upstream_latency_s
+
+    def protocol_error(self, kind: str) -> None:
+        errors = self._protocol_errors
+        if kind not in errors and len(errors) >= _MAX_ERROR_KINDS:
+            kind = "other"
+        errors[kind] = errors.get(kind, 0) + 1
+
+    def config_reloaded(self, ok: bool) -> None:
+        self._config_reloads["success" if ok else "failure"] += 1
+
+    def observer_error(self) -> None:
+        """A DecisionObserver raised (``Gatekeeper``'s ``on_observer_error``)."""
+        self._observer_errors += 1
+
+    # -- decisions (DecisionObserver; called for rejections and admissions of new PIDs) -----
+
+    def on_decision(
+        self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
+    ) -> None:
+        now = self._now_ms()
+        key = _user_key(context.principal)
+        user = self._user(key, now)
+        waiting = self._waiting
+        if isinstance(decision, Admitted):
+            new_ids = decision.new_producer_ids
+            user.new_producer_ids += len(new_ids)
+            user.throttle_time_ms = 0  # admitted: this user's latest decision throttles nothing
+            self._producer_ids_refreshed += decision.refreshed_count
+            if waiting:
+                for pid in new_ids:
+                    waiting.pop((key, pid), None)
+        else:
+            user.produce_requests_rejected += 1
+            user.producer_ids_rejected += len(decision.unknown_producer_ids)
+            user.throttle_time_ms = decision.throttle_time_ms
+            self._forget_old_waits(now)
+            for pid in decision.unknown_producer_ids:
+                wait_key = (key, pid)
+                if wait_key in waiting:
+                    continue  # a retry: the wait started at the first rejection
+                if len(waiting) >= self._max_waiting_pids:
+                    waiting.popitem(last=False)
+                    self._waits_dropped += 1
+                waiting[wait_key] = now
+
+    def _user(self, key: str, now: int) -> _User:
+        users = self._users
+        user = users.get(key)
+        if user is not None:
+            users.move_to_end(key)
+            user.last_seen_ms = now
+            return user
+        self._forget_idle_users(now)
+        if len(users) < self._max_user_labels:
+            user = users[key] = _User(now)
+            return user
+        self._other_used = True
+        self._other.last_seen_ms = now
+        return self._other
+
+    def _forget_idle_users(self, now: int) -> None:
+        users = self._users
+        horizon = now - self._user_idle_ms
+        while users:
+            key, user = next(iter(users.items()))
+            if user.last_seen_ms > horizon:
+                break
+            del users[key]
+        if self._other_used and self._other.last_seen_ms <= horizon:
+            self._other = _User(0)
+            self._other_used = False
+
+    def _forget_old_waits(self, now: int) -> None:
+        waiting = self._waiting
+        horizon = now - self._wait_forget_ms
+        while waiting:
+            first_ms = next(iter(waiting.values()))
+            if first_ms > horizon:
+                break
+            waiting.popitem(last=False)
+
+    # -- scrape --------------------------------------------------------------------------------
+
+    def _label_quota_states(self, now: int) -> dict[str, _QuotaAggregate]:
+        """Quota snapshot per label value; refreshes and assigns user labels on the way: a
+        principal the quota manager still tracks is active even when no decision reached us
+        (it only produces with known PIDs, or its state was restored)."""
+        states = self._quota.snapshot(now)
+        users = self._users
+        keys = [_user_key(state.principal) for state in states]
+        for key in keys:  # idlest first, so move_to_end keeps the recency order
+            user = users.get(key)
+            if user is not None:
+                user.last_seen_ms = now
+                users.move_to_end(key)
+        self._forget_idle_users(now)
+        for key in reversed(keys):  # free label slots go to the most recently active
+            if len(users) >= self._max_user_labels:
+                break
+            if key not in users:
+                users[key] = _User(now)
+                users.move_to_end(key, last=False)
+        by_label: dict[str, _QuotaAggregate] = {}
+        for key, state in zip(keys, states, strict=True):
+            label = key if key in users else OTHER_USER
+            aggregate = by_label.get(label)
+            if aggregate is None:
+                by_label[label] = _QuotaAggregate(state)
+            else:
+                aggregate.merge(state)
+        return by_label
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric family, built now (prometheus_client calls this on each scrape)."""
+        now = self._now_ms()
+        quota_by_label = self._label_quota_states(now)
+        self._forget_old_waits(now)
+        users = self._users
+        labelled: list[tuple[str, _User]] = list(users.items())
+        if self._other_used:
+            labelled.append((OTHER_USER, self._other))
+
+        # KIP-936's three per-user quota metrics.
+        rate = GaugeMetricFamily(
+            "pidgate_producer_ids_rate",
+            "KIP-936 producer_ids_rate: new producer IDs a user may activate per quota window "
+            "(unlimited users absent)",
+            labels=["user"],
+        )
+        tokens = GaugeMetricFamily(
+            "pidgate_producer_ids_tokens",
+            "KIP-936: new producer IDs the user may activate right now (token bucket level; "
+            "__other__ holds the lowest)",
+            labels=["user"],
+        )
+        layers = GaugeMetricFamily(
+            "pidgate_bloom_layers",
+            "Live Bloom filter layers holding the user's producer IDs (__other__: the sum)",
+            labels=["user"],
+        )
+        false_positive = GaugeMetricFamily(
+            "pidgate_bloom_false_positive_rate_estimate",
+            "Estimated chance that a new producer ID passes as known, free of quota "
+            "(__other__: the highest)",
+            labels=["user"],
+        )
+        for label, aggregate in quota_by_label.items():
+            if label != OTHER_USER:  # rates of unrelated users do not aggregate
+                rate.add_metric([label], aggregate.rate)
+            tokens.add_metric([label], aggregate.tokens)
+            layers.add_metric([label], aggregate.layers)
+            false_positive.add_metric([label], aggregate.false_positive_rate)
+        throttle = GaugeMetricFamily(
+            "pidgate_producer_ids_throttle_time_ms",
+            "KIP-936: throttle time of the user's latest quota decision "
+            "(0 after an admission; __other__: the latest of any user beyond the label cap)",
+            labels=["user"],
+        )
+        new_ids = CounterMetricFamily(
+            "pidgate_producer_ids_new",
+            "Producer IDs admitted as new (a token taken each)",
+            labels=["user"],
+        )
+        rejected_ids = CounterMetricFamily(
+            "pidgate_producer_ids_rejected",
+            "Producer IDs in rejected Produce requests (a PID retried n times counts n times)",
+            labels=["user"],
+        )
+        rejected_requests = CounterMetricFamily(
+            "pidgate_produce_requests_rejected",
+            "Produce requests answered with a throttling error",
+            labels=["user"],
+        )
+        for label, user in labelled:
+            throttle.add_metric([label], user.throttle_time_ms)
+            new_ids.add_metric([label], user.new_producer_ids)
+            rejected_ids.add_metric([label], user.producer_ids_rejected)
+            rejected_requests.add_metric([label], user.produce_requests_rejected)
+        yield rate
+        yield tokens
+        yield throttle
+        yield new_ids
+        yield rejected_ids
+        yield rejected_requests
+        yield CounterMetricFamily(
+            "pidgate_producer_ids_refreshed",
+            "Known producer IDs re-added to the newest Bloom layer (seen in decisions that "
+            "also admitted a new PID)",
+            value=self._producer_ids_refreshed,
+        )
+        yield layers
+        yield false_positive
+        yield from self._collect_waits(now, labelled)
+        yield from self._collect_quota_totals()
+        yield from self._collect_traffic()
+        yield GaugeMetricFamily(
+            "pidgate_user_labels",
+            "Users with their own label value in the per-user metrics (capped)",
+            value=len(users),
+        )
+
+    def _collect_waits(self, now: int, labelled: list[tuple[str, _User]]) -> Iterator[Metric]:
+        """KIP-91: a throttled producer retries until delivery.timeout.ms (120 s by default),
+        then fails its records; how long rejected PIDs have been waiting says whether that
+        is happening."""
+        users = self._users
+        oldest: dict[str, int] = {}
+        count: dict[str, int] = {}
+        over: dict[str, int] = {}
+        late = now - self._delivery_timeout_ms
+        for (key, _pid), first_ms in self._waiting.items():  # oldest first
+            label = key if key in users else OTHER_USER
+            if label not in oldest:
+                oldest[label] = first_ms
+            count[label] = count.get(label, 0) + 1
+            if first_ms < late:
+                over[label] = over.get(label, 0) + 1
+        wait_max = GaugeMetricFamily(
+            "pidgate_producer_id_wait_seconds_max",
+            "Longest time a currently rejected producer ID has been waiting since its first "
+            "rejection (KIP-91: clients fail records after delivery.timeout.ms, 120 s default)",
+            labels=["user"],
+        )
+        waiting = GaugeMetricFamily(
+            "pidgate_producer_ids_waiting",
+            "Producer IDs rejected and not admitted since",
+            labels=["user"],
+        )
+        waiting_over = GaugeMetricFamily(
+            "pidgate_producer_ids_waiting_over_delivery_timeout",
+            "Rejected producer IDs waiting longer than delivery.timeout.ms (KIP-91): their "
+            "clients have started failing records",
+            labels=["user"],
+        )
+        labels = [label for label, _ in labelled]
+        if OTHER_USER in oldest and not self._other_used:
+            labels.append(OTHER_USER)  # waits of users whose label was freed while idle
+        for label in labels:
+            first = oldest.get(label)
+            wait_max.add_metric([label], 0.0 if first is None else (now - first) / 1000)
+            waiting.add_metric([label], count.get(label, 0))
+            waiting_over.add_metric([label], over.get(label, 0))
+        yield wait_max
+        yield waiting
+        yield waiting_over
+        yield CounterMetricFamily(
+            "pidgate_producer_id_waits_dropped",
+            "Rejected producer IDs no longer tracked because the wait table was full "
+            "(oldest dropped first)",
+            value=self._waits_dropped,
+        )
+
+    def _collect_quota_totals(self) -> Iterator[Metric]:
+        quota = self._quota
+        yield GaugeMetricFamily(
+            "pidgate_bloom_bits",
+            "Bits held by every Bloom filter layer of every tracked principal",
+            value=quota.total_bits,
+        )
+        yield GaugeMetricFamily(
+            "pidgate_principals_tracked",
+            "Principals with quota state (a Bloom filter and a token bucket)",
+            value=quota.principal_count,
+        )
+        yield CounterMetricFamily(
+            "pidgate_principals_evicted",
+            "Principals evicted, least recently active first, to keep the memory caps",
+            value=quota.evicted_principal_count,
+        )
+
+    def _collect_traffic(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "pidgate_requests", "Kafka requests read from clients", labels=["api_key"]
+        )
+        request_bytes = CounterMetricFamily(
+            "pidgate_request_bytes",
+            "Bytes of Kafka requests read from clients, size prefix included",
+            labels=["api_key"],
+        )
+        response_bytes = CounterMetricFamily(
+            "pidgate_response_bytes",
+            "Bytes of Kafka responses sent to clients, size prefix included",
+            labels=["api_key"],
+        )
+        latency = HistogramMetricFamily(
+            "pidgate_upstream_latency_seconds",
+            "Time from forwarding a request to reading the broker's response",
+            labels=["api_key"],
+        )
+        for slot in range(_API_SLOTS + 1):
+            name = api_key_name(slot) if slot < _API_SLOTS else "other"
+            if self._requests[slot] or self._response_bytes[slot]:
+                requests.add_metric([name], self._requests[slot])
+                request_bytes.add_metric([name], self._request_bytes[slot])
+                response_bytes.add_metric([name], self._response_bytes[slot])
+            counts = self._latency_counts[slot]
+            if counts is not None:
+                cumulative = 0
+                buckets: list[tuple[str, float]] = []
+                for bound, n in zip(_BUCKET_LABELS, counts, strict=True):
+                    cumulative += n
+                    buckets.append((bound, cumulative))
+                latency.add_metric([name], buckets, self._latency_sums[slot])
+        yield requests
+        yield request_bytes
+        yield response_bytes
+        yield latency
+        opened, closed = self._connections_opened, self._connections_closed
+        yield GaugeMetricFamily("pidgate_connections", "Open client connections", opened - closed)
+        yield CounterMetricFamily(
+            "pidgate_connections", "Client connections accepted", value=opened
+        )
+        errors = CounterMetricFamily(
+            "pidgate_protocol_errors",
+            "Connections closed for a protocol error, by kind",
+            labels=["kind"],
+        )
+        for kind, n in self._protocol_errors.items():
+            errors.add_metric([kind], n)
+        yield errors
+        reloads = CounterMetricFamily(
+            "pidgate_config_reloads", "Configuration reloads by result", labels=["result"]
+        )
+        for result, n in self._config_reloads.items():
+            reloads.add_metric([result], n)
+        yield reloads
+        yield CounterMetricFamily(
+            "pidgate_observer_errors",
+            "Exceptions raised by decision observers (metrics, event log); requests unaffected",
+            value=self._observer_errors,
+        )
+
+
+def _user_key(principal: str) -> str:
+    # The quota's own key ("User:alice" → "alice", the kafka-configs entity name), so the
+    # label matches what operators alter with kafka-configs --entity-name.
+    return user_name(principal)[:_MAX_USER_LABEL_CHARS]

@@ -1,0 +1,168 @@
+"""The quotas in force and how they change while pidgate runs.
+
+Effective ``producer_ids_rate`` per user = the config file's ``quota.users`` overlaid with
+runtime overrides (AlterClientQuotas / kafka-configs, or another pidgate through the shared
+store). An override of ``None`` removes the user's quota, as ``--delete-config`` does. Overrides
+win over the file, also after a SIGHUP reload of the file (Kafka's dynamic configs win over
+static ones too). Every change reaches the quota manager at once, so it applies to open
+connections on the next new PID.
+
+Owns: ``QuotaControl`` (policy building, overrides, /state view). The quota manager itself is
+pure (``pidgate.quota``); persistence and the shared store plug in through callbacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pidgate.config import DEFAULT_USER_ENTITY, Settings
+from pidgate.protocol.client_quotas import QuotaChange
+from pidgate.proxy.logs import get_logger
+from pidgate.proxy.quota_admin import entity_key
+from pidgate.proxy.state_file import load_or_start_clean, write_state_atomically
+from pidgate.quota.manager import QuotaManager
+from pidgate.quota.persistence import QuotaOverrides, StateSnapshot, encode_state, snapshot_state
+from pidgate.quota.policy import QuotaPolicy
+
+#: Called after overrides changed locally: (user key, rate or None). The shared store publishes.
+OverrideListener = Callable[[str, int | None], None]
+
+
+class QuotaControl:
+    def __init__(
+        self,
+        settings: Settings,
+        now_ms: Callable[[], int],
+        manager: QuotaManager | None = None,
+        overrides: Mapping[str, int | None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._now_ms = now_ms
+        self.overrides: dict[str, int | None] = dict(overrides or {})
+        self.manager = manager or QuotaManager(self.policy())
+        if manager is not None:
+            self.manager.update_policy(self.policy(), now_ms())
+        self.listeners: list[OverrideListener] = []
+        self.changes_applied = 0
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def now(self) -> int:
+        return self._now_ms()
+
+    def effective_rates(self) -> dict[str, int]:
+        """user key ("<default>" or a name) -> producer_ids_rate in force."""
+        rates = {
+            user: quota.producer_ids_rate
+            for user, quota in self._settings.quota.users.items()
+            if quota.producer_ids_rate is not None
+        }
+        for user, rate in self.overrides.items():
+            if rate is None:
+                rates.pop(user, None)
+            else:
+                rates[user] = rate
+        return rates
+
+    def policy(self) -> QuotaPolicy:
+        quota = self._settings.quota
+        rates = self.effective_rates()
+        default = rates.pop(DEFAULT_USER_ENTITY, None)
+        return QuotaPolicy(
+            window_ms=quota.window_ms,
+            window_num=quota.window_num,
+            false_positive_rate=quota.false_positive_rate,
+            default_producer_ids_rate=default,
+            user_producer_ids_rates=rates,
+            max_principals=quota.max_principals,
+            max_total_bits=quota.max_total_bits,
+        )
+
+    def apply_changes(
+        self, changes: list[tuple[int, QuotaChange]]
+    ) -> dict[int, tuple[int, str | None]]:
+        """Apply AlterClientQuotas changes (already validated). Returns failures per index."""
+        if not changes:
+            return {}
+        for _, change in changes:
+            user = entity_key(change.entity)
+            self.overrides[user] = change.rate
+        self.manager.update_policy(self.policy(), self._now_ms())
+        self.changes_applied += len(changes)
+        for _, change in changes:
+            for listener in self.listeners:
+                listener(entity_key(change.entity), change.rate)
+        return {}
+
+    def apply_remote(self, user: str, rate: int | None) -> bool:
+        """An override learned from another pidgate (shared store). True when it changed."""
+        if user in self.overrides and self.overrides[user] == rate:
+            return False
+        self.overrides[user] = rate
+        self.manager.update_policy(self.policy(), self._now_ms())
+        return True
+
+    def reload(self, settings: Settings) -> None:
+        """A new config file (SIGHUP): its quotas, under the runtime overrides."""
+        self._settings = settings
+        self.manager.update_policy(self.policy(), self._now_ms())
+
+    def state(self) -> dict[str, Any]:
+        """Read-only view for /state: quotas in force, principals, layers, memory."""
+        now_ms = self._now_ms()
+        principals = [
+            {
+                "principal": p.principal,
+                "producer_ids_rate": p.producer_ids_rate,
+                "tokens": round(p.tokens, 3),
+                "layers": p.layer_count,
+                "bits": p.bits,
+                "estimated_false_positive_rate": p.estimated_false_positive_rate,
+            }
+            for p in self.manager.snapshot(now_ms)
+        ]
+        quota = self._settings.quota
+        return {
+            "quotas": {
+                "producer_ids_rate": self.effective_rates(),
+                "overrides": self.overrides,
+                "window_seconds": quota.window_size_seconds,
+                "window_num": quota.window_num,
+                "false_positive_rate": quota.false_positive_rate,
+            },
+            "principals": principals,
+            "memory": {
+                "principals_tracked": self.manager.principal_count,
+                "principals_evicted": self.manager.evicted_principal_count,
+                "bloom_bits": self.manager.total_bits,
+                "bloom_bytes": self.manager.total_bits // 8,
+                "max_principals": quota.max_principals,
+                "max_total_bits": quota.max_total_bits,
+            },
+        }
+
+
+def open_quota_control(settings: Settings, now_ms: Callable[[], int]) -> QuotaControl:
+    """A QuotaControl with the state saved in ``state.path`` (when configured): overrides,
+    buckets and known PIDs as they were; a missing or corrupt file starts clean, warned."""
+    control = QuotaControl(settings, now_ms)
+    path = settings.state.path
+    if path is None:
+        return control
+    base_policy = control.policy()  # no overrides yet: load_state layers the saved ones on top
+    manager, overrides = load_or_start_clean(path, base_policy, now_ms(), get_logger())
+    return QuotaControl(settings, now_ms, manager=manager, overrides=dict(overrides))
+
+
+def snapshot_for_saving(control: QuotaControl) -> StateSnapshot:
+    """The fast half of saving: a copy of the state, taken on the event loop."""
+    return snapshot_state(control.manager, control.now(), QuotaOverrides(control.overrides))
+
+
+def write_snapshot(snapshot: StateSnapshot, settings: Settings) -> None:
+    """The slow half (encode + fsync): fine in a worker thread."""
+    assert settings.state.path is not None
+    write_state_atomically(settings.state.path, encode_state(snapshot))
