@@ -1,0 +1,380 @@
+"""ProxyMetrics: exact values after real quota decisions, read back through prometheus_client's
+own parser; bounded label sets and memory; KIP-91 wait tracking on an injected clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from pidgate.protocol.produce import (
+    BatchHeader,
+    PartitionProduce,
+    ProduceRequestSummary,
+    TopicProduce,
+)
+from pidgate.proxy.admission import Gatekeeper, ProduceContext
+from pidgate.proxy.metrics import LATENCY_BUCKETS_S, OTHER_USER, ProxyMetrics, api_key_name
+from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
+from pidgate.quota.policy import QuotaPolicy
+
+REQUEST = ProduceRequestSummary(transactional_id=None, acks=-1, timeout_ms=30_000, topics=())
+PER_USER_FAMILIES = (
+    "pidgate_producer_ids_rate",
+    "pidgate_producer_ids_tokens",
+    "pidgate_producer_ids_throttle_time_ms",
+    "pidgate_producer_ids_new_total",
+    "pidgate_producer_ids_rejected_total",
+    "pidgate_produce_requests_rejected_total",
+    "pidgate_bloom_layers",
+    "pidgate_bloom_false_positive_rate_estimate",
+    "pidgate_producer_id_wait_seconds_max",
+    "pidgate_producer_ids_waiting",
+    "pidgate_producer_ids_waiting_over_delivery_timeout",
+)
+
+
+class Clock:
+    def __init__(self, now_ms: int = 1_000) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+def context(principal: str) -> ProduceContext:
+    return ProduceContext(
+        principal=principal, client_id="c", client_software_name="librdkafka", peer="127.0.0.1:1"
+    )
+
+
+def decide(
+    quota: QuotaManager, metrics: ProxyMetrics, clock: Clock, principal: str, pids: Iterable[int]
+) -> Decision:
+    """What the Gatekeeper does, on the test's clock: observers hear rejections and admissions
+    of new PIDs."""
+    decision = quota.admit(principal, frozenset(pids), clock.now_ms)
+    if isinstance(decision, Rejected) or decision.new_producer_ids:
+        metrics.on_decision(context(principal), REQUEST, decision)
+    return decision
+
+
+def scrape(metrics: ProxyMetrics) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """sample name -> {sorted labels: value}, parsed from the rendered text."""
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(metrics.render().decode("utf-8")):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[labels] = sample.value
+    return samples
+
+
+def per_user(
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str
+) -> dict[str, float]:
+    return {dict(labels)["user"]: value for labels, value in samples.get(name, {}).items()}
+
+
+def new_setup(
+    clock: Clock | None = None, **kwargs: int
+) -> tuple[QuotaManager, ProxyMetrics, Clock]:
+    clock = clock or Clock()
+    quota = QuotaManager(
+        QuotaPolicy(
+            window_ms=60_000,
+            window_num=2,
+            default_producer_ids_rate=2,
+            user_producer_ids_rates={"bob": 5},
+        )
+    )
+    return quota, ProxyMetrics(quota, clock, **kwargs), clock
+
+
+def test_quota_decisions_export_exact_per_user_values() -> None:
+    quota, metrics, clock = new_setup()
+    assert decide(quota, metrics, clock, "User:alice", [1, 2]) == Admitted((1, 2), 0)
+    assert isinstance(decide(quota, metrics, clock, "User:alice", [3]), Rejected)
+    last = decide(quota, metrics, clock, "User:alice", [3, 4])  # PID 3 retried, with PID 4
+    assert isinstance(last, Rejected)
+    assert last.unknown_producer_ids == (3, 4)
+    assert isinstance(decide(quota, metrics, clock, "User:bob", [10]), Admitted)
+
+    s = scrape(metrics)
+    snapshot = {state.principal: state for state in quota.snapshot(clock.now_ms)}
+    assert per_user(s, "pidgate_producer_ids_rate") == {"alice": 2, "bob": 5}
+    assert per_user(s, "pidgate_producer_ids_tokens") == {"alice": 0.0, "bob": 4.0}
+    assert per_user(s, "pidgate_producer_ids_throttle_time_ms") == {
+        "alice": last.throttle_time_ms,
+        "bob": 0,
+    }
+    assert per_user(s, "pidgate_producer_ids_new_total") == {"alice": 2, "bob": 1}
+    assert per_user(s, "pidgate_produce_requests_rejected_total") == {"alice": 2, "bob": 0}
+    assert per_user(s, "pidgate_producer_ids_rejected_total") == {"alice": 3, "bob": 0}
+    assert per_user(s, "pidgate_bloom_layers") == {
+        "alice": snapshot["User:alice"].layer_count,
+        "bob": snapshot["User:bob"].layer_count,
+    }
+    assert per_user(s, "pidgate_bloom_false_positive_rate_estimate") == {
+        "alice": snapshot["User:alice"].estimated_false_positive_rate,
+        "bob": snapshot["User:bob"].estimated_false_positive_rate,
+    }
+    assert s["pidgate_bloom_bits"][()] == quota.total_bits > 0
+    assert s["pidgate_principals_tracked"][()] == 2
+    assert s["pidgate_principals_evicted_total"][()] == 0
+    # PIDs 3 and 4 are waiting (3 since the first rejection), nothing for long yet.
+    assert per_user(s, "pidgate_producer_ids_waiting") == {"alice": 2, "bob": 0}
+    assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"alice": 0.0, "bob": 0.0}
+
+
+def test_admission_resets_throttle_time_and_counts_refreshes() -> None:
+    _, metrics, _ = new_setup()
+    ctx = context("User:carol")
+    metrics.on_decision(ctx, REQUEST, Rejected(1500, (1,)))
+    assert per_user(scrape(metrics), "pidgate_producer_ids_throttle_time_ms") == {"carol": 1500}
+    metrics.on_decision(ctx, REQUEST, Admitted((1,), 4))
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_throttle_time_ms") == {"carol": 0}
+    assert s["pidgate_producer_ids_refreshed_total"][()] == 4
+    # carol is not limited by this policy's quota manager: no rate series for her.
+    assert "carol" not in per_user(s, "pidgate_producer_ids_rate")
+
+
+def test_unlimited_users_have_no_rate_series() -> None:
+    quota = QuotaManager(QuotaPolicy(user_producer_ids_rates={"limited": 1}))
+    clock = Clock()
+    metrics = ProxyMetrics(quota, clock)
+    decide(quota, metrics, clock, "User:free", [1, 2, 3])  # untracked: observers hear nothing
+    decide(quota, metrics, clock, "User:limited", [1])
+    assert per_user(scrape(metrics), "pidgate_producer_ids_rate") == {"limited": 1}
+
+
+def test_real_gatekeeper_drives_the_observer() -> None:
+    quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1))
+    metrics = ProxyMetrics(quota, Clock())
+    gate = Gatekeeper(quota, [metrics])
+
+    def request(pid: int) -> ProduceRequestSummary:
+        batch = BatchHeader(0, 100, 2, 0, 0, 0, 0, pid, 0, 0, 1)
+        partition = PartitionProduce(index=0, batches=(batch,))
+        topic = TopicProduce(name="t", topic_id=None, partitions=(partition,))
+        return ProduceRequestSummary(None, 1, 1000, (topic,))
+
+    gate.check(context("User:dan"), request(1))
+    gate.check(context("User:dan"), request(2))
+    s = scrape(metrics)
+    assert gate.observer_errors == 0
+    assert per_user(s, "pidgate_producer_ids_new_total") == {"dan": 1}
+    assert per_user(s, "pidgate_produce_requests_rejected_total") == {"dan": 1}
+
+
+def test_traffic_counters_and_latency_histogram() -> None:
+    _, metrics, _ = new_setup()
+    metrics.connection_opened()
+    metrics.connection_opened()
+    metrics.connection_closed()
+    metrics.request(0, 1000)
+    metrics.request(0, 500)
+    metrics.request(3, 40)
+    metrics.request(9999, 7)  # not a key we count by name
+    metrics.request(-5, 3)
+    metrics.response(0, 60, 0.0002)
+    metrics.response(0, 60, 0.003)
+    metrics.response(0, 20, None)  # answered by pidgate itself: bytes, no latency
+    metrics.response(3, 900, 20.0)  # beyond the last bucket
+    metrics.protocol_error("malformed_frame")
+    metrics.protocol_error("malformed_frame")
+    metrics.config_reloaded(True)
+    metrics.config_reloaded(False)
+    metrics.config_reloaded(False)
+    metrics.observer_error()
+    s = scrape(metrics)
+
+    def by_api(name: str) -> dict[str, float]:
+        return {dict(labels)["api_key"]: v for labels, v in s[name].items()}
+
+    assert by_api("pidgate_requests_total") == {"Produce": 2, "Metadata": 1, "other": 2}
+    assert by_api("pidgate_request_bytes_total") == {"Produce": 1500, "Metadata": 40, "other": 10}
+    assert by_api("pidgate_response_bytes_total") == {"Produce": 140, "Metadata": 900, "other": 0}
+    buckets = {
+        (dict(labels)["api_key"], dict(labels)["le"]): v
+        for labels, v in s["pidgate_upstream_latency_seconds_bucket"].items()
+    }
+    assert len(buckets) == 2 * (len(LATENCY_BUCKETS_S) + 1)
+    assert buckets[("Produce", "0.0001")] == 0
+    assert buckets[("Produce", "0.00025")] == 1
+    assert buckets[("Produce", "0.0025")] == 1
+    assert buckets[("Produce", "0.005")] == 2
+    assert buckets[("Produce", "+Inf")] == 2
+    assert buckets[("Metadata", "10.0")] == 0
+    assert buckets[("Metadata", "+Inf")] == 1
+    assert by_api("pidgate_upstream_latency_seconds_count") == {"Produce": 2, "Metadata": 1}
+    assert by_api("pidgate_upstream_latency_seconds_sum") == pytest.approx(
+        {"Produce": 0.0032, "Metadata": 20.0}
+    )
+    assert s["pidgate_connections"][()] == 1
+    assert s["pidgate_connections_total"][()] == 2
+    assert s["pidgate_protocol_errors_total"] == {(("kind", "malformed_frame"),): 2}
+    assert s["pidgate_config_reloads_total"] == {
+        (("result", "success"),): 1,
+        (("result", "failure"),): 2,
+    }
+    assert s["pidgate_observer_errors_total"][()] == 1
+
+
+def test_api_key_names() -> None:
+    assert api_key_name(0) == "Produce"
+    assert api_key_name(18) == "ApiVersions"
+    assert api_key_name(22) == "InitProducerId"
+    assert api_key_name(120) == "120"
+    assert api_key_name(-1) == api_key_name(32767) == "other"
+
+
+def test_protocol_error_kinds_are_bounded() -> None:
+    _, metrics, _ = new_setup()
+    for i in range(500):
+        metrics.protocol_error(f"kind-{i}")
+    kinds = scrape(metrics)["pidgate_protocol_errors_total"]
+    assert len(kinds) <= 65
+    assert sum(kinds.values()) == 500
+
+
+def test_each_instance_has_its_own_registry() -> None:
+    quota, first, _ = new_setup()
+    second = ProxyMetrics(quota, Clock())
+    first.request(0, 1)
+    assert first.registry is not second.registry
+    assert "pidgate_requests_total" in scrape(first)
+    assert "pidgate_requests_total" not in scrape(second)
+    assert REGISTRY.get_sample_value("pidgate_requests_total", {"api_key": "Produce"}) is None
+
+
+def test_label_cardinality_stays_capped_with_10k_principals() -> None:
+    quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1))
+    clock = Clock()
+    metrics = ProxyMetrics(quota, clock, max_user_labels=1000)
+    users = 10_000
+    for i in range(users):
+        principal = f"User:synthetic-{i}"
+        assert isinstance(decide(quota, metrics, clock, principal, [i * 10]), Admitted)
+        assert isinstance(decide(quota, metrics, clock, principal, [i * 10 + 1]), Rejected)
+    metrics.on_decision(context("User:" + "x" * 10_000), REQUEST, Rejected(5, (1,)))
+    s = scrape(metrics)
+    for name in PER_USER_FAMILIES:
+        labels = per_user(s, name)
+        assert 0 < len(labels) <= 1000 + 1, name
+        assert all(len(label) <= 256 for label in labels), name
+    new = per_user(s, "pidgate_producer_ids_new_total")
+    assert OTHER_USER in new
+    # Aggregation keeps totals: nothing is lost by capping, only attributed to __other__.
+    assert sum(new.values()) == users
+    assert sum(per_user(s, "pidgate_produce_requests_rejected_total").values()) == users + 1
+    assert sum(per_user(s, "pidgate_producer_ids_waiting").values()) == users + 1
+    assert sum(per_user(s, "pidgate_bloom_layers").values()) == sum(
+        state.layer_count for state in quota.snapshot(clock.now_ms)
+    )
+    assert OTHER_USER not in per_user(s, "pidgate_producer_ids_rate")
+    assert s["pidgate_principals_tracked"][()] == users
+    assert s["pidgate_user_labels"][()] == 1000
+
+
+def test_idle_users_are_removed_and_free_their_label() -> None:
+    _, metrics, clock = new_setup(max_user_labels=2, user_idle_ms=1_000)
+    # Synthetic decisions: these users have no quota state, so only decisions keep them.
+    metrics.on_decision(context("User:a"), REQUEST, Admitted((1,), 0))
+    metrics.on_decision(context("User:b"), REQUEST, Admitted((2,), 0))
+    metrics.on_decision(context("User:c"), REQUEST, Admitted((3,), 0))
+    assert set(per_user(scrape(metrics), "pidgate_producer_ids_new_total")) == {
+        "a",
+        "b",
+        OTHER_USER,
+    }
+    clock.now_ms += 600
+    metrics.on_decision(context("User:b"), REQUEST, Admitted((4,), 0))
+    clock.now_ms += 600  # a idle for 1200 ms, b for 600 ms, __other__ for 1200 ms
+    metrics.on_decision(context("User:d"), REQUEST, Admitted((5,), 0))
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_new_total") == {"b": 2, "d": 1}
+    clock.now_ms += 5_000
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_new_total") == {}
+    assert s["pidgate_user_labels"][()] == 0
+
+
+def test_users_the_quota_still_tracks_stay_until_the_quota_forgets_them() -> None:
+    quota = QuotaManager(QuotaPolicy(window_ms=10_000, window_num=1, default_producer_ids_rate=5))
+    clock = Clock()
+    metrics = ProxyMetrics(quota, clock, user_idle_ms=1_000)
+    decide(quota, metrics, clock, "User:steady", [1])
+    clock.now_ms += 5_000  # idle for metrics, but its Bloom layer is still live
+    assert per_user(scrape(metrics), "pidgate_producer_ids_new_total") == {"steady": 1}
+    clock.now_ms += 20_000
+    assert quota.expire(clock.now_ms) == 1
+    clock.now_ms += 1_001
+    assert per_user(scrape(metrics), "pidgate_producer_ids_new_total") == {}
+
+
+def test_restored_quota_state_gets_labels_without_any_decision() -> None:
+    quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=3))
+    clock = Clock()
+    quota.admit("User:restored", {1}, clock.now_ms)
+    metrics = ProxyMetrics(quota, clock)
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_tokens") == {"restored": 2.0}
+    assert per_user(s, "pidgate_producer_ids_new_total") == {"restored": 0}
+
+
+def test_kip91_wait_tracking() -> None:
+    _, metrics, clock = new_setup(user_idle_ms=3_600_000)
+    alice = context("User:alice")
+    metrics.on_decision(alice, REQUEST, Rejected(1000, (7, 8)))
+    clock.now_ms += 60_000
+    metrics.on_decision(alice, REQUEST, Rejected(1000, (7,)))  # retry: wait keeps its start
+    metrics.on_decision(alice, REQUEST, Rejected(1000, (9,)))
+    clock.now_ms += 70_000  # 7 and 8 waited 130 s, 9 waited 70 s
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"alice": 130.0}
+    assert per_user(s, "pidgate_producer_ids_waiting") == {"alice": 3}
+    assert per_user(s, "pidgate_producer_ids_waiting_over_delivery_timeout") == {"alice": 2}
+
+    metrics.on_decision(alice, REQUEST, Admitted((7, 8), 0))  # admitted: no longer waiting
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"alice": 70.0}
+    assert per_user(s, "pidgate_producer_ids_waiting_over_delivery_timeout") == {"alice": 0}
+
+    clock.now_ms += 600_000  # 9 was given up on long ago: forgotten after 2x the timeout
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_waiting") == {"alice": 0}
+    assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"alice": 0.0}
+
+
+def test_waits_are_per_user() -> None:
+    _, metrics, clock = new_setup()
+    metrics.on_decision(context("User:a"), REQUEST, Rejected(10, (1,)))
+    clock.now_ms += 10_000
+    metrics.on_decision(context("User:b"), REQUEST, Rejected(10, (1,)))  # same PID, other user
+    metrics.on_decision(context("User:b"), REQUEST, Admitted((1,), 0))
+    clock.now_ms += 1_000
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"a": 11.0, "b": 0.0}
+
+
+def test_wait_table_is_bounded_oldest_dropped_first() -> None:
+    _, metrics, clock = new_setup(max_waiting_pids=3)
+    for pid in range(5):
+        metrics.on_decision(context("User:a"), REQUEST, Rejected(10, (pid,)))
+        clock.now_ms += 1_000
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_waiting") == {"a": 3}
+    assert s["pidgate_producer_id_waits_dropped_total"][()] == 2
+    # PIDs 0 and 1 were dropped: the longest wait is PID 2's (rejected 3 s before the scrape).
+    assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"a": 3.0}
+
+
+def test_constructor_rejects_unbounded_settings() -> None:
+    quota = QuotaManager(QuotaPolicy())
+    with pytest.raises(ValueError):
+        ProxyMetrics(quota, Clock(), max_user_labels=0)
+    with pytest.raises(ValueError):
+        ProxyMetrics(quota, Clock(), max_waiting_pids=0)
