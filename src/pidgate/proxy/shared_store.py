@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +62,37 @@ _RETRY_SLEEP_S = 0.2
 #: After the reader has failed this long, it tries to (re)create the topic every so often.
 _RECREATE_AFTER_S = 5.0
 _STOP_JOIN_S = 10.0
+#: ``poll`` returns at most this many records; fewer means the fetched data is drained.
+_MAX_POLL_RECORDS = 500
+#: kafka-python's admin client logs its whole configuration at DEBUG, passwords included.
+_CONFIG_LOGGERS = ("kafka.admin.client",)
+_SECRET_MARKERS = ("password", "secret", "token", "keytab", "credential")
+
+
+class _RedactClientConfig(logging.Filter):
+    """Masks secret-looking settings in the configuration dict a kafka-python client logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and any(isinstance(arg, dict) for arg in args):
+            record.args = tuple(_redacted(arg) if isinstance(arg, dict) else arg for arg in args)
+        elif isinstance(args, dict):
+            record.args = _redacted(args)
+        return True
+
+
+def _redacted(config: dict[Any, Any]) -> dict[Any, Any]:
+    return {
+        key: "***" if any(m in str(key).lower() for m in _SECRET_MARKERS) else value
+        for key, value in config.items()
+    }
+
+
+def _install_log_redaction() -> None:
+    for name in _CONFIG_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactClientConfig) for f in logger.filters):
+            logger.addFilter(_RedactClientConfig())
 
 
 class SharedStoreError(Exception):
@@ -107,6 +139,8 @@ class SharedQuotaStore:
         self._instance_id = instance_id
         self._on_change = on_change
         self._security: dict[str, Any] = dict(security or {})
+        if self._security:
+            _install_log_redaction()
         self._poll_timeout_ms = poll_timeout_ms
         self._log = get_logger().bind(component="shared_store", topic=topic, instance=instance_id)
 
@@ -354,6 +388,7 @@ class SharedQuotaStore:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",  # also after the topic is recreated (offsets restart)
+            max_poll_records=_MAX_POLL_RECORDS,
             allow_auto_create_topics=False,
             **self._client_config(time.monotonic() + 30.0),
         )
@@ -370,6 +405,7 @@ class SharedQuotaStore:
             next_probe = 0.0
             failing_since: float | None = None
             next_ensure = 0.0
+            drained = True  # the last poll left nothing buffered in the consumer
             while not self._stopping.is_set():
                 batches: dict[Any, Any] = {}
                 try:
@@ -381,10 +417,13 @@ class SharedQuotaStore:
                             self._log.debug("shared_store_catching_up", end_offset=target)
                     if target is not None and not self._caught_up.is_set():
                         position = consumer.position(self._partition, timeout_ms=_PROBE_TIMEOUT_MS)
-                        if position is not None and position >= target:
+                        # Also wait for the buffer to drain: tansu reports the end offset of a
+                        # multi-record batch as its base offset + 1.
+                        if position is not None and position >= target and drained:
                             self._caught_up.set()
                             self._settled.set()
                     batches = consumer.poll(timeout_ms=self._poll_timeout_ms)
+                    drained = sum(map(len, batches.values())) < _MAX_POLL_RECORDS
                 except KafkaError as error:  # kafka-python reconnects; keep polling meanwhile
                     if self._reader_ok:
                         self._log.warning("shared_store_read_failed", error=self._describe(error))
