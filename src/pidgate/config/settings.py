@@ -386,6 +386,24 @@ class StateSettings(_Frozen):
     )
 
 
+class SharedStoreSettings(_Frozen):
+    """Optional: quota overrides shared by every pidgate through a compacted topic."""
+
+    topic: str | None = Field(
+        None,
+        description="compacted topic on the upstream cluster holding runtime quota overrides; "
+        "none = this pidgate keeps its own",
+    )
+    instance_id: str | None = Field(
+        None, description="this pidgate's name in the records it writes; default host:port"
+    )
+    security: dict[str, str] = Field(
+        default_factory=dict,
+        description="kafka-python security settings for reaching the cluster directly "
+        "(security_protocol, sasl_*, ssl_*); never logged",
+    )
+
+
 class Settings(_Frozen):
     """The whole, validated, immutable configuration."""
 
@@ -397,6 +415,7 @@ class Settings(_Frozen):
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    shared_store: SharedStoreSettings = Field(default_factory=SharedStoreSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @model_validator(mode="after")

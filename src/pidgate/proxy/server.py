@@ -37,6 +37,7 @@ from pidgate.proxy.quota_control import (
     write_snapshot,
 )
 from pidgate.proxy.routing import Address, BrokerRoute, Router
+from pidgate.proxy.shared_store import QuotaOverride, SharedQuotaStore
 from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
 from pidgate.quota.manager import Admitted, Decision
 
@@ -114,6 +115,7 @@ class ProxyServer:
         self._stopping = False
         self._reloading: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
+        self._shared_store: SharedQuotaStore | None = None
 
     def _apply_quota_changes(
         self, changes: list[tuple[int, QuotaChange]]
@@ -180,6 +182,7 @@ class ProxyServer:
             reuse_address=True,
             ssl=self._client_ssl,
         )
+        await self._start_shared_store()
         if self.settings.admin.enabled:
             admin = self.settings.admin.listen
             self._admin = AdminHttpServer(self.metrics, self.state, self.upstream_ready)
@@ -223,6 +226,8 @@ class ProxyServer:
             conn.close()
         if self._admin is not None:
             await self._admin.stop()
+        if self._shared_store is not None:
+            await asyncio.to_thread(self._shared_store.stop)
         if self.settings.state.path is not None:
             self._save_state_now()
         for task in (self._housekeeping, self._reloading, self._persisting):
@@ -304,6 +309,48 @@ class ProxyServer:
                     error=str(error),
                     certfile=str(self.settings.client_tls.certfile),
                 )
+
+    async def _start_shared_store(self) -> None:
+        """Join the fleet's shared quota topic: catch up on its overrides before serving, then
+        publish local changes and apply remote ones as they come."""
+        shared = self.settings.shared_store
+        if shared.topic is None:
+            return
+        loop = asyncio.get_running_loop()
+        listen = self.settings.proxy.listen
+
+        def on_change(override: QuotaOverride) -> None:  # on the store's reader thread
+            loop.call_soon_threadsafe(self._apply_shared, override)
+
+        store = SharedQuotaStore(
+            [str(upstream) for upstream in self.settings.proxy.upstream],
+            shared.topic,
+            shared.instance_id or f"{self.settings.proxy.effective_advertised_host}:{listen.port}",
+            on_change,
+            security=dict(shared.security),
+        )
+        await asyncio.to_thread(store.start)
+        self._shared_store = store
+
+        def publish(user: str, rate: int | None) -> None:
+            future = loop.run_in_executor(None, store.publish, QuotaOverride(user, rate))
+            future.add_done_callback(self._published)
+
+        self.quota_control.listeners.append(publish)
+
+    def _published(self, future: asyncio.Future[None]) -> None:
+        error = future.exception()
+        if error is not None:  # applied here already; the fleet learns it on a later change
+            self.context.log.warning("shared_store_publish_failed", key="publish", error=str(error))
+
+    def _apply_shared(self, override: QuotaOverride) -> None:
+        if self.quota_control.apply_remote(override.user, override.producer_ids_rate):
+            get_logger().info(
+                "quota_changed",
+                user=override.user,
+                producer_ids_rate=override.producer_ids_rate,
+                source="shared_store",
+            )
 
     def _save_state_now(self) -> None:
         try:
