@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         + _env("admin", "listen"),
     )
     serve.add_argument(
+        "--event-log",
+        metavar="DIR",
+        help="write the PID event log (JSON Lines) to DIR; off by default "
+        + _env("event_log", "directory"),
+    )
+    serve.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         help=_env("logging", "level"),
@@ -149,6 +155,8 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["logging"] = {"level": args.log_level}
     if args.http:
         overrides["admin"] = {"listen": args.http}
+    if args.event_log:
+        overrides["event_log"] = {"directory": args.event_log}
     return overrides
 
 

@@ -404,6 +404,28 @@ class SharedStoreSettings(_Frozen):
     )
 
 
+class EventLogSettings(_Frozen):
+    """The PID event log (JSON Lines) that ``pidgate analyze`` reads."""
+
+    directory: Path | None = Field(
+        None, description="directory for the PID event log; none = no event log"
+    )
+    gzip: bool = Field(False, description="gzip the event files")
+    rotate_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024, description="start a new file after this many bytes"
+    )
+    rotate_interval_s: int = Field(3600, ge=1, description="start a new file after this long")
+    max_queued_events: int = Field(
+        100_000,
+        ge=1,
+        description="events waiting for the disk at most; past it events are dropped and "
+        "counted, requests are never delayed",
+    )
+    instance: str | None = Field(
+        None, description="this pidgate's name in the events; default host:port"
+    )
+
+
 class Settings(_Frozen):
     """The whole, validated, immutable configuration."""
 
@@ -416,6 +438,7 @@ class Settings(_Frozen):
     admin: AdminSettings = Field(default_factory=AdminSettings)
     state: StateSettings = Field(default_factory=StateSettings)
     shared_store: SharedStoreSettings = Field(default_factory=SharedStoreSettings)
+    event_log: EventLogSettings = Field(default_factory=EventLogSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @model_validator(mode="after")
