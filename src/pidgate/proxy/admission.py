@@ -51,6 +51,8 @@ class ProduceContext:
     client_id: str | None
     client_software_name: str | None
     peer: str
+    #: The broker node the connection fronts (gateway broker listeners; None on bootstrap).
+    node_id: int | None = None
 
 
 class DecisionObserver(Protocol):
@@ -72,13 +74,17 @@ class Gatekeeper:
         self._observers = tuple(observers)
         self._on_observer_error = on_observer_error
         self.observer_errors = 0
+        #: When the last decision was made (quota clock): observers record this exact time, so
+        #: a replay of the event log (the backtest) decides at the same instants.
+        self.decided_at_ms = 0
 
     def check(self, context: ProduceContext, request: ProduceRequestSummary) -> Decision | None:
         """None when the request carries no PID (never throttled), else the quota decision."""
         producer_ids = request.producer_ids()
         if not producer_ids:
             return None
-        decision = self.quota.admit(context.principal, producer_ids, quota_clock_ms())
+        self.decided_at_ms = now_ms = quota_clock_ms()
+        decision = self.quota.admit(context.principal, producer_ids, now_ms)
         if self._observers and (
             isinstance(decision, Rejected) or decision.new_producer_ids or decision.refreshed_count
         ):

@@ -36,18 +36,28 @@ from pidgate.protocol.endpoints import ENDPOINT_BEARING_APIS, rewrite_endpoints
 from pidgate.protocol.errors import ProtocolError, UnsupportedApiError
 from pidgate.protocol.framing import FrameDecoder, frame
 from pidgate.protocol.headers import RequestHeader, parse_request_header, parse_response_header
+from pidgate.protocol.init_producer_id import (
+    parse_init_producer_id_request,
+    parse_init_producer_id_response,
+)
 from pidgate.protocol.produce import (
     ProduceRequestSummary,
     encode_produce_rejection,
     parse_produce_request,
 )
-from pidgate.proxy.admission import ProduceContext, Rejected, rejection_error_code
+from pidgate.proxy.admission import (
+    ProduceContext,
+    Rejected,
+    quota_clock_ms,
+    rejection_error_code,
+)
 from pidgate.proxy.context import ProxyContext
 from pidgate.proxy.identity import UnmappablePrincipalError
 from pidgate.proxy.quota_admin import CLIENT_QUOTA_APIS, CLIENT_QUOTA_VERSIONS
 
 PRODUCE = 0
 API_VERSIONS = 18
+INIT_PRODUCER_ID = 22
 SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
 #: Slot marker for a bare SASL token after a v0 SaslHandshake (no Kafka header, KIP-43).
@@ -65,7 +75,15 @@ Address = tuple[str, int]
 class _Slot:
     """A response owed to the client, in request order."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "merge", "response", "sent_ns")
+    __slots__ = (
+        "api_key",
+        "api_version",
+        "correlation_id",
+        "merge",
+        "observe",
+        "response",
+        "sent_ns",
+    )
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
         self.api_key = api_key
@@ -76,6 +94,8 @@ class _Slot:
         #: For a request pidgate split (client quotas): builds the client's response from the
         #: broker's answer to the part that was forwarded.
         self.merge: Callable[[bytes], bytes] | None = None
+        #: Reads the response body on its way back (e.g. the PID an InitProducerId handed out).
+        self.observe: Callable[[memoryview], None] | None = None
 
 
 class ReadGate:
@@ -110,9 +130,13 @@ class ClientConnection(asyncio.Protocol):
     """The client side; owns the upstream connection it opens."""
 
     def __init__(
-        self, context: ProxyContext, upstream_targets: Callable[[], list[Address]]
+        self,
+        context: ProxyContext,
+        upstream_targets: Callable[[], list[Address]],
+        node_id: int | None = None,
     ) -> None:
         self._context = context
+        self.node_id = node_id
         self._settings = context.settings
         self._upstream_targets = upstream_targets
         self._decoder = FrameDecoder(self._settings.proxy.max_frame_bytes)
@@ -297,6 +321,8 @@ class ClientConnection(asyncio.Protocol):
                     len(response),
                     (time.perf_counter_ns() - slot.sent_ns) / 1e9,
                 )
+                if slot.observe is not None:
+                    slot.observe(memoryview(response)[4 + body_offset :])
                 if slot.merge is not None:
                     response = slot.merge(response)
                 else:
@@ -475,6 +501,7 @@ class ClientConnection(asyncio.Protocol):
                     client_id=header.client_id,
                     client_software_name=self.client_software.name,
                     peer=self.peer,
+                    node_id=self.node_id,
                 )
             decision = self._context.gatekeeper.check(context, produce)
             if isinstance(decision, Rejected):
@@ -495,11 +522,37 @@ class ClientConnection(asyncio.Protocol):
             )
         if expects_response:
             slot = _Slot(header.api_key, header.api_version, header.correlation_id)
+            if header.api_key == INIT_PRODUCER_ID and self._context.event_log is not None:
+                slot.observe = self._init_producer_id_observer(body, header.api_version)
             self._slots.append(slot)
             self._awaiting_upstream.append(slot)
         elif header.api_key == PRODUCE:
             self._acks0_ids.append(header.correlation_id)
         return request
+
+    def _init_producer_id_observer(
+        self, body: memoryview, api_version: int
+    ) -> Callable[[memoryview], None]:
+        """Records which PID the cluster handed to which principal (the event log)."""
+        transactional = parse_init_producer_id_request(body, api_version).is_transactional
+
+        def observe(response_body: memoryview) -> None:
+            event_log = self._context.event_log
+            answer = parse_init_producer_id_response(response_body, api_version)
+            if event_log is None or answer.error_code != 0:
+                return
+            event_log.record_init_producer_id(
+                self.principal or "",
+                self.client_id,
+                self.client_software.name,
+                answer.producer_id,
+                answer.producer_epoch,
+                transactional,
+                ts_ms=quota_clock_ms(),
+                node_id=self.node_id,
+            )
+
+        return observe
 
     def _client_quotas(
         self, header: RequestHeader, payload: memoryview, body: memoryview

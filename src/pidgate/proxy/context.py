@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pidgate.config import Settings
 from pidgate.proxy.admission import Gatekeeper
+from pidgate.proxy.event_log import EventLog
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog
 from pidgate.proxy.quota_admin import QuotaAdmin
@@ -49,4 +50,6 @@ class ProxyContext:
     quota_admin: QuotaAdmin
     #: TLS towards the brokers, or None for plaintext.
     upstream_ssl: ssl.SSLContext | None = None
+    #: The PID event log, when configured.
+    event_log: EventLog | None = None
     connections: set[ClientConnection] = field(default_factory=set)

@@ -26,6 +26,7 @@ from pidgate.proxy.admission import (
 )
 from pidgate.proxy.connection import ClientConnection
 from pidgate.proxy.context import ProxyContext
+from pidgate.proxy.event_log import EventLog
 from pidgate.proxy.http import AdminHttpServer
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog, get_logger
@@ -84,6 +85,7 @@ class ProxyServer:
         self.metrics = ProxyMetrics(
             self.quota, quota_clock_ms, max_user_labels=settings.admin.max_user_labels
         )
+        self.event_log = self._open_event_log(settings)
         log = RateLimitedLog(
             max_events=settings.logging.rate_limit_events,
             interval_ms=settings.logging.rate_limit_interval_ms,
@@ -93,7 +95,12 @@ class ProxyServer:
             settings=settings,
             gatekeeper=Gatekeeper(
                 self.quota,
-                (self.counters, self.metrics, *observers),
+                (
+                    self.counters,
+                    self.metrics,
+                    *((self.event_log,) if self.event_log else ()),
+                    *observers,
+                ),
                 on_observer_error=self._observer_failed,
             ),
             router=self.router,
@@ -102,6 +109,7 @@ class ProxyServer:
             identity=IdentityPolicy(settings),
             upstream_ssl=upstream_ssl_context(settings.upstream_tls),
             traffic=self.metrics,
+            event_log=self.event_log,
             quota_admin=QuotaAdmin(self.quota_control.effective_rates, self._apply_quota_changes),
         )
         self._admin: AdminHttpServer | None = None
@@ -116,6 +124,23 @@ class ProxyServer:
         self._reloading: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
         self._shared_store: SharedQuotaStore | None = None
+
+    def _open_event_log(self, settings: Settings) -> EventLog | None:
+        config = settings.event_log
+        if config.directory is None:
+            return None
+        listen = settings.proxy.listen
+        return EventLog(
+            config.directory,
+            instance=config.instance or f"{settings.proxy.effective_advertised_host}:{listen.port}",
+            # The decision's own instant, so the backtest replays at the same times.
+            now_ms=lambda: self.context.gatekeeper.decided_at_ms or quota_clock_ms(),
+            tokens_for=self.quota.tokens,
+            gzip=config.gzip,
+            rotate_bytes=config.rotate_bytes,
+            rotate_interval_s=float(config.rotate_interval_s),
+            max_queued_events=config.max_queued_events,
+        )
 
     def _apply_quota_changes(
         self, changes: list[tuple[int, QuotaChange]]
@@ -228,6 +253,8 @@ class ProxyServer:
             await self._admin.stop()
         if self._shared_store is not None:
             await asyncio.to_thread(self._shared_store.stop)
+        if self.event_log is not None:
+            await asyncio.to_thread(self.event_log.close)
         if self.settings.state.path is not None:
             self._save_state_now()
         for task in (self._housekeeping, self._reloading, self._persisting):
@@ -266,7 +293,7 @@ class ProxyServer:
         port = self.settings.proxy.broker_listen_port(route.node_id)
         try:
             server = await loop.create_server(
-                lambda: ClientConnection(self.context, lambda: [route.upstream]),
+                lambda: ClientConnection(self.context, lambda: [route.upstream], route.node_id),
                 host,
                 port,
                 reuse_address=True,

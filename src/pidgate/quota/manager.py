@@ -151,6 +151,12 @@ class QuotaManager:
             for name, state in self._principals.items()
         )
 
+    def tokens(self, principal: str, now_ms: int) -> float | None:
+        """Tokens in ``principal``'s bucket at ``now_ms`` (None when it is not tracked): cheap,
+        for per-event use (the event log), unlike ``snapshot``."""
+        state = self._principals.get(principal)
+        return None if state is None else state.bucket.tokens(now_ms)
+
     def is_known(self, principal: str, producer_id: int, now_ms: int) -> bool:
         """Whether ``producer_id`` counts as seen for ``principal`` at ``now_ms``, without
         changing anything (for tests, ``/state`` and the backtest). Untracked → False."""
