@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=_env("logging", "level"),
     )
 
+    from pidgate.pipeline.cli import add_analyze_parser
+
+    add_analyze_parser(commands)
+
     demo = commands.add_parser(
         "demo",
         help="embedded broker + pidgate + a steady producer and a restart storm, shown live",
@@ -162,6 +166,10 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "analyze":
+        from pidgate.pipeline.cli import run_analyze
+
+        return run_analyze(args)
     if args.command == "demo":
         from pidgate.demo.scenario import run_demo
 

@@ -1,0 +1,88 @@
+"""Scale runs of the analysis pipeline on this machine (not run by the tests).
+
+``activity``: generate (once, cached) an event log of >= 10M events with
+:mod:`pidgate.pipeline.generate`, then run the activity job over it on ``local[*]`` and print the
+wall time, events/s and input MB/s (uncompressed JSON bytes read).
+
+    .venv/bin/python benchmarks/pipeline_scale.py activity --events 10000000 --dir /tmp/scale
+
+The footprint scale run (>= 1 GB of segments) lives alongside as the ``footprint`` job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def bench_activity(events: int, workdir: Path, seed: int, master: str) -> dict[str, float]:
+    from pidgate.pipeline.activity import run_activity
+    from pidgate.pipeline.generate import GeneratorConfig, generate_events
+    from pidgate.pipeline.spark import spark_session, stop_session
+
+    log_dir = workdir / f"events-{events}-{seed}"
+    marker = log_dir / "_GENERATED.json"
+    if not marker.exists():
+        start = time.perf_counter()
+        stats = generate_events(
+            log_dir, GeneratorConfig(events=events, seed=seed, rotate_lines=1_000_000)
+        )
+        elapsed = time.perf_counter() - start
+        marker.write_text(json.dumps({"events": stats.events, "seconds": elapsed}))
+        print(
+            f"generated {stats.events} events in {elapsed:.1f} s "
+            f"({stats.events / elapsed:,.0f} events/s)"
+        )
+    generated = json.loads(marker.read_text())
+    input_bytes = _dir_bytes(log_dir) - marker.stat().st_size
+    mb = input_bytes / 1e6
+
+    start = time.perf_counter()
+    spark = spark_session(master, app_name="pidgate-bench-activity")
+    session_s = time.perf_counter() - start
+    try:
+        start = time.perf_counter()
+        report = run_activity(spark, str(log_dir), str(workdir / "activity-report"))
+        job_s = time.perf_counter() - start
+    finally:
+        stop_session()
+    result = {
+        "events": float(generated["events"]),
+        "input_mb": mb,
+        "session_start_s": session_s,
+        "activity_s": job_s,
+        "events_per_s": generated["events"] / job_s,
+        "mb_per_s": mb / job_s,
+    }
+    print(
+        f"activity over {generated['events']:,} events ({mb:,.0f} MB JSON) on {master}: "
+        f"{job_s:.1f} s = {result['events_per_s']:,.0f} events/s, {result['mb_per_s']:.1f} MB/s "
+        f"(session start {session_s:.1f} s, not included); report {report}"
+    )
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    jobs = parser.add_subparsers(dest="job", required=True)
+    act = jobs.add_parser("activity", help="activity over a generated event log")
+    act.add_argument("--events", type=int, default=10_000_000)
+    act.add_argument("--dir", type=Path, default=Path("/tmp/pidgate-scale"))
+    act.add_argument("--seed", type=int, default=1)
+    act.add_argument("--master", default="local[*]")
+    args = parser.parse_args(argv)
+    if args.job == "activity":
+        bench_activity(args.events, args.dir, args.seed, args.master)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
