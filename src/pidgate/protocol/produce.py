@@ -138,21 +138,7 @@ def _batch_headers(
                 )
             # fields: base_offset, batch_length, leader_epoch, magic, crc, attributes,
             # last_offset_delta, base_timestamp, max_timestamp, pid, epoch, sequence, count
-            out.append(
-                BatchHeader(
-                    fields[0],
-                    batch_length,
-                    2,
-                    fields[5],
-                    fields[6],
-                    fields[7],
-                    fields[8],
-                    fields[9],
-                    fields[10],
-                    fields[11],
-                    fields[12],
-                )
-            )
+            out.append(_batch_v2(fields))
             pos += total
             continue
         batch_length = I32.unpack_from(buf, pos + 8)[0]
@@ -243,6 +229,83 @@ class ProduceRequestSummary:
         return sum(len(topic.partitions) for topic in self.topics)
 
 
+# -- fast constructors for the hot path -------------------------------------------------------
+# A frozen dataclass's __init__ sets every field through object.__setattr__ (one generic call
+# per field); writing the slots through their member descriptors builds an identical, equally
+# frozen instance at about half the cost. Used only by the walk below; equality, hashing, repr
+# and immutability are the dataclasses' own.
+_new_batch = BatchHeader.__new__
+(
+    _b_base_offset,
+    _b_batch_length,
+    _b_magic,
+    _b_attributes,
+    _b_last_offset_delta,
+    _b_base_timestamp,
+    _b_max_timestamp,
+    _b_producer_id,
+    _b_producer_epoch,
+    _b_base_sequence,
+    _b_records_count,
+) = (
+    BatchHeader.__dict__[name].__set__
+    for name in (
+        "base_offset",
+        "batch_length",
+        "magic",
+        "attributes",
+        "last_offset_delta",
+        "base_timestamp",
+        "max_timestamp",
+        "producer_id",
+        "producer_epoch",
+        "base_sequence",
+        "records_count",
+    )
+)
+_new_partition = PartitionProduce.__new__
+_p_index = PartitionProduce.__dict__["index"].__set__
+_p_batches = PartitionProduce.__dict__["batches"].__set__
+_new_topic = TopicProduce.__new__
+_t_name = TopicProduce.__dict__["name"].__set__
+_t_topic_id = TopicProduce.__dict__["topic_id"].__set__
+_t_partitions = TopicProduce.__dict__["partitions"].__set__
+
+
+def _batch_v2(fields: tuple[int, ...]) -> BatchHeader:
+    """BatchHeader of an unpacked ``_BATCH_V2`` tuple (same instance the dataclass would make)."""
+    b = _new_batch(BatchHeader)
+    _b_base_offset(b, fields[0])
+    _b_batch_length(b, fields[1])
+    _b_magic(b, 2)
+    _b_attributes(b, fields[5])
+    _b_last_offset_delta(b, fields[6])
+    _b_base_timestamp(b, fields[7])
+    _b_max_timestamp(b, fields[8])
+    _b_producer_id(b, fields[9])
+    _b_producer_epoch(b, fields[10])
+    _b_base_sequence(b, fields[11])
+    _b_records_count(b, fields[12])
+    return b
+
+
+def _partition(index: int, batches: tuple[BatchHeader, ...]) -> PartitionProduce:
+    p = _new_partition(PartitionProduce)
+    _p_index(p, index)
+    _p_batches(p, batches)
+    return p
+
+
+def _topic(
+    name: str | None, topic_id: bytes | None, partitions: tuple[PartitionProduce, ...]
+) -> TopicProduce:
+    t = _new_topic(TopicProduce)
+    _t_name(t, name)
+    _t_topic_id(t, topic_id)
+    _t_partitions(t, partitions)
+    return t
+
+
 def _check_version(api_version: int) -> None:
     if api_version not in SUPPORTED_PRODUCE_VERSIONS:
         raise UnsupportedApiError(
@@ -268,19 +331,26 @@ def parse_produce_request(
 
 
 def _parse_produce(buf: memoryview, api_version: int) -> ProduceRequestSummary:
+    # The hot path: one-byte varints (every array and records length below 127 in flexible
+    # versions, and empty tagged-field sections) are read inline; longer ones, strings and
+    # non-empty tagged fields go through the _wire helpers. Same checks, same errors.
     flexible = api_version >= FIRST_FLEXIBLE_PRODUCE_VERSION
     by_id = api_version >= FIRST_TOPIC_ID_PRODUCE_VERSION
     end = len(buf)
+    unpack_i32 = I32.unpack_from
     if flexible:
-        transactional_id, pos = read_compact_nullable_string(buf, 0, "transactional_id")
+        if buf[0] == 0:
+            transactional_id, pos = None, 1
+        else:
+            transactional_id, pos = read_compact_nullable_string(buf, 0, "transactional_id")
     else:
         transactional_id, pos = read_nullable_string(buf, 0, "transactional_id")
     if pos + 6 > end:
         raise MalformedMessageError(f"truncated Produce v{api_version} request: acks/timeout_ms")
     acks = I16.unpack_from(buf, pos)[0]
-    timeout_ms = I32.unpack_from(buf, pos + 2)[0]
+    timeout_ms = unpack_i32(buf, pos + 2)[0]
     pos += 6
-    topic_count, pos = read_array_len(buf, pos, flexible, "topic_data")
+    topic_count, pos = _array_len(buf, pos, flexible, "topic_data")
     topics: list[TopicProduce] = []
     for _ in range(topic_count):
         name: str | None = None
@@ -294,20 +364,24 @@ def _parse_produce(buf: memoryview, api_version: int) -> ProduceRequestSummary:
             name, pos = read_compact_nullable_string(buf, pos, "topic name")
         else:
             name, pos = read_nullable_string(buf, pos, "topic name")
-        partition_count, pos = read_array_len(buf, pos, flexible, "partition_data")
+        partition_count, pos = _array_len(buf, pos, flexible, "partition_data")
         partitions: list[PartitionProduce] = []
         for _ in range(partition_count):
             if pos + 4 > end:
                 raise MalformedMessageError("truncated Produce request: partition index")
-            index = I32.unpack_from(buf, pos)[0]
+            index = unpack_i32(buf, pos)[0]
             pos += 4
             if flexible:
-                size, pos = read_uvarint(buf, pos)
+                size = buf[pos]
+                if size < 0x80:
+                    pos += 1
+                else:
+                    size, pos = read_uvarint(buf, pos)
                 size -= 1  # compact nullable bytes: 0 = null
             else:
                 if pos + 4 > end:
                     raise MalformedMessageError("truncated Produce request: records length")
-                size = I32.unpack_from(buf, pos)[0]
+                size = unpack_i32(buf, pos)[0]
                 pos += 4
             if size < 0:
                 if size != -1:
@@ -324,13 +398,28 @@ def _parse_produce(buf: memoryview, api_version: int) -> ProduceRequestSummary:
             if flexible:
                 # Fast path: an empty tagged-field section is a single 0 byte.
                 pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
-            partitions.append(PartitionProduce(index, batches))
+            partitions.append(_partition(index, batches))
         if flexible:
             pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
-        topics.append(TopicProduce(name, topic_id, tuple(partitions)))
+        topics.append(_topic(name, topic_id, tuple(partitions)))
     if flexible:
         pos = skip_tagged_fields(buf, pos)
     return ProduceRequestSummary(transactional_id, acks, timeout_ms, tuple(topics))
+
+
+def _array_len(buf: memoryview, pos: int, flexible: bool, what: str) -> tuple[int, int]:
+    """``read_array_len`` with the one-byte compact length read inline."""
+    if flexible:
+        n = buf[pos]
+        if n < 0x80:
+            n -= 1
+            pos += 1
+            if n > len(buf) - pos:
+                raise MalformedMessageError(
+                    f"array length {n} for {what} exceeds the {len(buf) - pos} bytes left"
+                )
+            return (n if n > 0 else 0), pos
+    return read_array_len(buf, pos, flexible, what)
 
 
 _PARTITION_FIXED = struct.Struct(">ihq")  # index, error_code, base_offset

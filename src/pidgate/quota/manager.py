@@ -97,6 +97,9 @@ class PrincipalRecord:
 
 _ADMITTED_EMPTY = Admitted((), 0)
 _ADMITTED_UNTRACKED = Admitted((), 0, tracked=False)
+#: Bloom positions of recently known PIDs, so a producer's every request does not re-hash its
+#: PID (Murmur3 + k modular steps, ~1 µs; a dict hit ~0.1 µs). Bounded: cleared when full.
+_POSITIONS_CACHE_SIZE = 4096
 
 
 class _Principal:
@@ -117,6 +120,8 @@ class QuotaManager:
         self._principals: OrderedDict[str, _Principal] = OrderedDict()
         self._total_bits = 0
         self._evicted = 0
+        # pid -> (shape, positions); a hit needs the very same shape object (see admit).
+        self._positions_cache: dict[int, tuple[BloomShape, tuple[int, ...]]] = {}
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -189,15 +194,23 @@ class QuotaManager:
         stale: list[tuple[int, ...]] = []
         unknown: list[tuple[int, tuple[int, ...]]] = []
         unique = producer_ids if len(producer_ids) == 1 else dict.fromkeys(producer_ids)
+        cache = self._positions_cache
         for pid in unique:
-            positions = bloom_positions(pid, shape)
+            cached = cache.get(pid)
+            if cached is not None and cached[0] is shape:
+                positions = cached[1]
+            else:
+                positions = bloom_positions(pid, shape)
             where = seen.lookup(positions, now_ms)
             if where == IN_CURRENT:
                 in_current = True
             elif where == ABSENT:
                 unknown.append((pid, positions))
+                continue
             else:
                 stale.append(positions)
+            if cached is None:
+                self._remember_positions(pid, shape, positions)
 
         if not unknown and not stale:
             # The common case: only active PIDs, all in the current layer. No bits change.
@@ -220,13 +233,22 @@ class QuotaManager:
             seen.touch(now_ms)
         for positions in stale:
             seen.add(positions, now_ms)
-        for _, positions in unknown:
+        for pid, positions in unknown:
             seen.add(positions, now_ms)
+            self._remember_positions(pid, shape, positions)
         grown = seen.total_bits - bits_before
         if grown:
             self._total_bits += grown
             self._enforce_caps()
         return Admitted(tuple(pid for pid, _ in unknown), len(stale))
+
+    def _remember_positions(self, pid: int, shape: BloomShape, positions: tuple[int, ...]) -> None:
+        """Cache the positions of a PID that is known (found, or just admitted). Rejected PIDs
+        are never cached, so a storm of new PIDs cannot push out the producers that pass."""
+        cache = self._positions_cache
+        if len(cache) >= _POSITIONS_CACHE_SIZE:
+            cache.clear()
+        cache[pid] = (shape, positions)
 
     def _admit_first(
         self, principal: str, rate: int, producer_ids: Collection[int], now_ms: int

@@ -1,0 +1,589 @@
+"""Side-by-side throughput, CPU and latency: direct to tansu, through pidgate, through tansu proxy.
+
+    python benchmarks/bench.py [--rounds 5] [--records 200000] [--latency-records 2000] [--quick]
+
+Starts one tansu broker (``EmbeddedBroker``), one ``pidgate serve`` subprocess in front of it
+(quotas on: ``--default-producer-ids-rate 1000``, so every PID is checked against the layered
+Bloom filter and known after its first batch) and one ``tansu proxy`` subprocess (the same
+binary), all on 127.0.0.1. Then, for every round, the same confluent-kafka workload
+(idempotent, acks=all, 1 KB records, a fixed record count bounded by a time limit) runs
+against the three targets in turn, A B C, and a single-record-at-a-time latency run alternates
+the three targets record by record. Medians over rounds and paired per-round ratios are printed,
+then one machine-parsable ``BENCH ...`` line. Everything started here is stopped by PID.
+
+No test imports this: it asserts nothing about speed, it only measures.
+"""
+
+# Report lines are long f-strings.
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, broker_binary, free_port
+
+TOPIC = "pidgate-bench"
+RECORD = b"x" * 1000  # "1 KB" records
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is already inside user/nice
+    return total - idle, total
+
+
+def wait_listening(
+    port: int, process: subprocess.Popen[bytes], what: str, timeout_s: float = 20.0
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} in {timeout_s}s")
+
+
+def stop_process(process: subprocess.Popen[bytes] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+@dataclass
+class Cpu:
+    """CPU time of one process: /proc/<pid>/task/*/schedstat (ns, all threads) and
+    /proc/<pid>/stat utime+stime (clock ticks, a cross-check)."""
+
+    pid: int
+
+    def schedstat_ns(self) -> int:
+        total = 0
+        for task in os.listdir(f"/proc/{self.pid}/task"):
+            with contextlib.suppress(OSError):
+                total += int(Path(f"/proc/{self.pid}/task/{task}/schedstat").read_text().split()[0])
+        return total
+
+    def stat_s(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+
+    def sample(self) -> tuple[int, float]:
+        return self.schedstat_ns(), self.stat_s()
+
+
+class Pidgate:
+    """``pidgate serve`` in its own process (its own GIL, like tansu proxy is its own process)."""
+
+    def __init__(
+        self, upstream: str, log_dir: Path, src: str | None = None, name: str = "pidgate"
+    ) -> None:
+        self.port = free_port()
+        self.broker_port = free_port()
+        self.http_port = free_port()
+        self._log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115
+        env = dict(os.environ)
+        if src is not None:  # another source tree of pidgate (e.g. a baseline to compare with)
+            env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        command = [
+            sys.executable,
+            "-m",
+            "pidgate",
+            "serve",
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--broker-port-base",
+            str(self.broker_port - TANSU_NODE_ID),
+            "--default-producer-ids-rate",
+            "1000",
+            "--http",
+            f"127.0.0.1:{self.http_port}",
+            "--log-level",
+            "warning",
+        ]
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            wait_listening(self.port, self.process, "pidgate")
+            wait_listening(self.http_port, self.process, "pidgate admin")
+        except BaseException:
+            self.stop()  # never leave a half-started pidgate behind
+            raise
+        self.cpu = Cpu(self.process.pid)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def produce_requests(self) -> tuple[int, int]:
+        """(Produce requests, Produce request bytes) from pidgate's /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return _metric(text, "pidgate_requests_total"), _metric(text, "pidgate_request_bytes_total")
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._log.close()
+
+
+def _metric(text: str, name: str) -> int:
+    match = re.search(rf'^{name}{{api_key="Produce"}} ([0-9.e+]+)$', text, re.M)
+    if match is None:
+        raise RuntimeError(f'{name}{{api_key="Produce"}} not in pidgate\'s /metrics')
+    return int(float(match.group(1)))
+
+
+class TansuProxy:
+    def __init__(self, origin: str, log_dir: Path) -> None:
+        self.port = free_port()
+        url = f"tcp://127.0.0.1:{self.port}"
+        self._log = open(log_dir / "tansu-proxy.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                broker_binary(),
+                "proxy",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--origin-url",
+                f"tcp://{origin}",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_listening(self.port, self.process, "tansu proxy")
+        except BaseException:
+            self.stop()
+            raise
+        self.cpu = Cpu(self.process.pid)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._log.close()
+
+
+# -- workloads --------------------------------------------------------------------------------
+
+
+def producer(bootstrap: str, **extra: object) -> Producer:
+    config = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        # Bounded queue (~256 MB): produce() waits on BufferError instead of the client holding
+        # every record of a run at once (which took GBs of RSS across runs).
+        "queue.buffering.max.messages": 250_000,
+        "queue.buffering.max.kbytes": 262_144,
+        "message.timeout.ms": 60_000,
+        "log_level": 3,
+    }
+    config.update(extra)
+    p = Producer(config)
+    # Warm-up: metadata, InitProducerId and the PID's first (quota-admitted) batch happen here,
+    # outside the timed part, so the timed part only sees known PIDs.
+    p.produce(TOPIC, RECORD)
+    if p.flush(30):
+        raise RuntimeError(f"warm-up record to {bootstrap} not delivered")
+    return p
+
+
+@dataclass
+class Throughput:
+    delivered: int
+    errors: int
+    seconds: float
+
+    @property
+    def msgs_per_s(self) -> float:
+        return self.delivered / self.seconds
+
+
+def throughput_run(bootstrap: str, records: int, time_bound_s: float) -> Throughput:
+    counts = [0, 0]
+
+    def on_delivery(error: object, _message: object) -> None:
+        counts[error is not None] += 1
+
+    p = producer(bootstrap, on_delivery=on_delivery)
+    counts[0] = counts[1] = 0
+    produce, poll = p.produce, p.poll
+    start = time.perf_counter()
+    deadline = start + time_bound_s
+    for i in range(records):
+        while True:
+            try:
+                produce(TOPIC, RECORD)
+                break
+            except BufferError:
+                poll(0.001)
+        if not i & 0x3FFF:
+            poll(0)
+            if time.perf_counter() > deadline:
+                break
+    while len(p) and time.perf_counter() < deadline:
+        p.poll(0.01)
+    elapsed = time.perf_counter() - start
+    delivered, errors = counts
+    if len(p):
+        p.purge()
+        p.flush(5)
+    return Throughput(delivered, errors, elapsed)
+
+
+def latency_run(bootstraps: list[str], records: int) -> list[list[float]]:
+    """Single record, flush, repeat: the targets alternate record by record so noise hits all
+    of them alike. Returns the latencies (µs) per target."""
+    producers = [producer(b, **{"linger.ms": 0}) for b in bootstraps]
+    out: list[list[float]] = [[] for _ in bootstraps]
+    clock = time.perf_counter_ns
+    for _ in range(records):
+        for p, samples in zip(producers, out, strict=True):
+            t0 = clock()
+            p.produce(TOPIC, RECORD)
+            p.flush(10)
+            samples.append((clock() - t0) / 1000)
+    for p in producers:
+        p.flush(10)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    msgs: dict[str, list[float]] = field(
+        default_factory=lambda: {"direct": [], "pidgate": [], "tansu": [], "baseline": []}
+    )
+    busy_cores: dict[str, list[float]] = field(
+        default_factory=lambda: {"direct": [], "pidgate": [], "tansu": [], "baseline": []}
+    )
+    ratio_direct: list[float] = field(default_factory=list)
+    ratio_tansu: list[float] = field(default_factory=list)
+    ratio_baseline: list[float] = field(default_factory=list)
+    pidgate_cpu_s: list[float] = field(default_factory=list)
+    pidgate_cpu_stat_s: list[float] = field(default_factory=list)
+    tansu_proxy_cpu_s: list[float] = field(default_factory=list)
+    pidgate_requests: list[int] = field(default_factory=list)
+    pidgate_bytes: list[int] = field(default_factory=list)
+    lat: dict[str, list[tuple[float, float]]] = field(
+        default_factory=lambda: {"direct": [], "pidgate": [], "tansu": [], "baseline": []}
+    )
+    added_p50: list[float] = field(default_factory=list)
+    added_p99: list[float] = field(default_factory=list)
+    tansu_added_p50: list[float] = field(default_factory=list)
+    tansu_added_p99: list[float] = field(default_factory=list)
+    single_cpu_us_per_request: list[float] = field(default_factory=list)
+    baseline_added_p50: list[float] = field(default_factory=list)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--records", type=int, default=300_000, help="1 KB records per throughput run"
+    )
+    parser.add_argument(
+        "--latency-records",
+        type=int,
+        default=3000,
+        help="single-record produces per target per round",
+    )
+    parser.add_argument(
+        "--time-bound", type=float, default=20.0, help="seconds at most per throughput run"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="3 rounds, 30k records, 300 latency records"
+    )
+    parser.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="also run a pidgate from this source tree (a directory holding the pidgate package) "
+        "as a 4th target in every round, and print the paired ratio pidgate/baseline",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="sample pidgate with py-spy during the rounds (collapsed stacks to FILE; needs py-spy; "
+        "adds sampling overhead, so the numbers of such a run are not the benchmark's)",
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.records, args.latency_records = 3, 30_000, 300
+    started = time.monotonic()
+    log_dir = Path(tempfile.mkdtemp(prefix="pidgate-bench-"))
+    broker = EmbeddedBroker()
+    pidgate: Pidgate | None = None
+    tansu: TansuProxy | None = None
+    baseline: Pidgate | None = None
+    try:
+        broker.start()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for future in admin.create_topics([NewTopic(TOPIC, 1, 1)]).values():
+            with contextlib.suppress(Exception):  # already there is fine
+                future.result(15)
+        pidgate = Pidgate(broker.bootstrap, log_dir)
+        tansu = TansuProxy(broker.bootstrap, log_dir)
+        targets = {
+            "direct": broker.bootstrap,
+            "pidgate": pidgate.bootstrap,
+            "tansu": tansu.bootstrap,
+        }
+        if args.baseline_src:
+            baseline = Pidgate(broker.bootstrap, log_dir, args.baseline_src, "pidgate-baseline")
+            targets["baseline"] = baseline.bootstrap
+        print(
+            f"tansu broker pid {broker.pid} {broker.bootstrap}; pidgate pid {pidgate.process.pid} "
+            f"{pidgate.bootstrap}; tansu proxy pid {tansu.process.pid} {tansu.bootstrap}; "
+            f"{args.rounds} rounds x {args.records} records; logs in {log_dir}",
+            flush=True,
+        )
+        # Warm-up round (not counted): JIT-free Python still has caches, sockets, page faults.
+        for bootstrap in targets.values():
+            throughput_run(bootstrap, min(args.records, 20_000), args.time_bound)
+        latency_run(list(targets.values()), 50)
+
+        spy = None
+        if args.profile:
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "-p",
+                    str(pidgate.process.pid),
+                    "-r",
+                    "500",
+                    "-f",
+                    "raw",
+                    "-o",
+                    args.profile,
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            time.sleep(1)
+        res = Results()
+        for rnd in range(1, args.rounds + 1):
+            got: dict[str, float] = {}
+            for name, bootstrap in targets.items():  # A B C
+                if name == "pidgate":
+                    req0, bytes0 = pidgate.produce_requests()  # scrape first: not counted
+                    cpu0, stat0 = pidgate.cpu.sample()
+                elif name == "tansu":
+                    tcpu0 = tansu.cpu.schedstat_ns()
+                busy0, total0 = machine_busy_ticks()
+                run = throughput_run(bootstrap, args.records, args.time_bound)
+                busy1, total1 = machine_busy_ticks()
+                res.busy_cores[name].append(
+                    os.cpu_count() * (busy1 - busy0) / max(1, total1 - total0)
+                )
+                if name == "pidgate":
+                    cpu1, stat1 = pidgate.cpu.sample()
+                    req1, bytes1 = pidgate.produce_requests()
+                    res.pidgate_cpu_s.append((cpu1 - cpu0) / 1e9)
+                    res.pidgate_cpu_stat_s.append(stat1 - stat0)
+                    res.pidgate_requests.append(req1 - req0)
+                    res.pidgate_bytes.append(bytes1 - bytes0)
+                elif name == "tansu":
+                    res.tansu_proxy_cpu_s.append((tansu.cpu.schedstat_ns() - tcpu0) / 1e9)
+                if run.errors:
+                    print(f"  {name}: {run.errors} delivery errors", flush=True)
+                got[name] = run.msgs_per_s
+                res.msgs[name].append(run.msgs_per_s)
+            res.ratio_direct.append(got["pidgate"] / got["direct"])
+            res.ratio_tansu.append(got["pidgate"] / got["tansu"])
+            if "baseline" in got:
+                res.ratio_baseline.append(got["pidgate"] / got["baseline"])
+
+            req0, _ = pidgate.produce_requests()  # scrape outside the CPU window
+            cpu0, _ = pidgate.cpu.sample()
+            lat = latency_run(list(targets.values()), args.latency_records)
+            cpu1, _ = pidgate.cpu.sample()
+            req1, _ = pidgate.produce_requests()
+            res.single_cpu_us_per_request.append((cpu1 - cpu0) / 1000 / max(1, req1 - req0))
+            pct = {
+                n: (percentile(s, 0.50), percentile(s, 0.99))
+                for n, s in zip(targets, lat, strict=True)
+            }
+            for n, v in pct.items():
+                res.lat[n].append(v)
+            res.added_p50.append(pct["pidgate"][0] - pct["direct"][0])
+            res.added_p99.append(pct["pidgate"][1] - pct["direct"][1])
+            res.tansu_added_p50.append(pct["tansu"][0] - pct["direct"][0])
+            res.tansu_added_p99.append(pct["tansu"][1] - pct["direct"][1])
+            if "baseline" in pct:
+                res.baseline_added_p50.append(pct["baseline"][0] - pct["direct"][0])
+            print(
+                f"round {rnd}: msg/s direct {got['direct']:,.0f} pidgate {got['pidgate']:,.0f} "
+                f"tansu-proxy {got['tansu']:,.0f} | pidgate/direct {res.ratio_direct[-1]:.3f} "
+                f"pidgate/tansu-proxy {res.ratio_tansu[-1]:.3f} | pidgate CPU "
+                f"{res.pidgate_cpu_s[-1]:.3f}s for {res.pidgate_requests[-1]} requests | latency p50 "
+                f"direct {pct['direct'][0]:.0f} pidgate {pct['pidgate'][0]:.0f} tansu-proxy "
+                f"{pct['tansu'][0]:.0f} µs, p99 {pct['direct'][1]:.0f}/{pct['pidgate'][1]:.0f}/"
+                f"{pct['tansu'][1]:.0f} µs",
+                flush=True,
+            )
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            spy.wait(30)
+            print_profile(args.profile)
+        report(res, args, time.monotonic() - started)
+        return 0
+    finally:
+        if baseline is not None:
+            baseline.stop()
+        if tansu is not None:
+            tansu.stop()
+        if pidgate is not None:
+            pidgate.stop()
+        broker.cleanup()
+
+
+def print_profile(path: str, top: int = 25) -> None:
+    """Self ("tottime") and inclusive ("cumtime") sample shares per function from py-spy's
+    collapsed stacks; idle time in the event loop's poll is listed too."""
+    self_counts: dict[str, int] = {}
+    incl_counts: dict[str, int] = {}
+    total = 0
+    for line in Path(path).read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        total += count
+        frames = stack.split(";")[1:] if stack.startswith("process") else stack.split(";")
+        frames = [re.sub(r":\d+\)$", ")", f) for f in frames]  # per function, not per line
+        if frames:
+            self_counts[frames[-1]] = self_counts.get(frames[-1], 0) + count
+        for f in set(frames):
+            incl_counts[f] = incl_counts.get(f, 0) + count
+    print(f"\n== pidgate profile: {total} samples (py-spy, 500 Hz, all threads, idle included) ==")
+    print("-- top by self samples --")
+    for f, c in sorted(self_counts.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{100 * c / total:6.2f}%  {f}")
+    print("-- top by inclusive samples --")
+    for f, c in sorted(incl_counts.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{100 * c / total:6.2f}%  {f}")
+
+
+def report(res: Results, args: argparse.Namespace, elapsed_s: float) -> None:
+    med = statistics.median
+    cpu_s = sum(res.pidgate_cpu_s)
+    gb = sum(res.pidgate_bytes) / 1e9
+    requests = sum(res.pidgate_requests)
+    per_request = [
+        c * 1e6 / max(1, r) for c, r in zip(res.pidgate_cpu_s, res.pidgate_requests, strict=True)
+    ]
+    per_gb = [c / (b / 1e9) for c, b in zip(res.pidgate_cpu_s, res.pidgate_bytes, strict=True) if b]
+    tansu_per_gb = [
+        c / (b / 1e9) for c, b in zip(res.tansu_proxy_cpu_s, res.pidgate_bytes, strict=True) if b
+    ]
+    print()
+    print(f"== medians over {args.rounds} rounds ({args.records} x 1 KB records per run) ==")
+    for name, label in (("direct", "direct"), ("pidgate", "pidgate"), ("tansu", "tansu proxy")):
+        vals = res.msgs[name]
+        print(
+            f"throughput {label:12s} {med(vals):>10,.0f} msg/s  (min {min(vals):,.0f} max "
+            f"{max(vals):,.0f}); machine busy {med(res.busy_cores[name]):.2f} of {os.cpu_count()} cores"
+        )
+    print(
+        f"ratio pidgate/direct       {med(res.ratio_direct):.3f}  (per round: {', '.join(f'{r:.3f}' for r in res.ratio_direct)})"
+    )
+    print(
+        f"ratio pidgate/tansu-proxy  {med(res.ratio_tansu):.3f}  (per round: {', '.join(f'{r:.3f}' for r in res.ratio_tansu)})"
+    )
+    print(
+        f"pidgate CPU                {med(per_gb):.3f} s/GB, {med(per_request):.1f} µs/Produce request "
+        f"({requests} requests, {requests and sum(res.pidgate_bytes) / requests / 1e3:.0f} kB each; "
+        f"total {cpu_s:.2f} s schedstat, {sum(res.pidgate_cpu_stat_s):.2f} s utime+stime for {gb:.2f} GB)"
+    )
+    print(f"tansu proxy CPU            {med(tansu_per_gb):.3f} s/GB (same record bytes)")
+    print(
+        f"pidgate CPU, 1-record requests (latency run): {med(res.single_cpu_us_per_request):.1f} µs/Produce request"
+    )
+    for name, label in (("direct", "direct"), ("pidgate", "pidgate"), ("tansu", "tansu proxy")):
+        p50 = med([v[0] for v in res.lat[name]])
+        p99 = med([v[1] for v in res.lat[name]])
+        print(f"latency {label:12s} p50 {p50:7.0f} µs  p99 {p99:7.0f} µs")
+    print(
+        f"added latency pidgate      p50 {med(res.added_p50):+.0f} µs  p99 {med(res.added_p99):+.0f} µs (paired, per round)"
+    )
+    print(
+        f"added latency tansu proxy  p50 {med(res.tansu_added_p50):+.0f} µs  p99 {med(res.tansu_added_p99):+.0f} µs"
+    )
+    if res.ratio_baseline:
+        print(
+            f"baseline pidgate           {med(res.msgs['baseline']):,.0f} msg/s; ratio pidgate/baseline "
+            f"{med(res.ratio_baseline):.3f} (per round: {', '.join(f'{r:.3f}' for r in res.ratio_baseline)}); "
+            f"baseline added latency p50 {med(res.baseline_added_p50):+.0f} µs"
+        )
+    print(f"elapsed {elapsed_s:.0f} s")
+    print(
+        f"BENCH ratio_direct={med(res.ratio_direct):.3f} ratio_tansu_proxy={med(res.ratio_tansu):.3f} "
+        f"cpu_us_per_request={med(per_request):.1f} "
+        f"cpu_us_per_request_1record={med(res.single_cpu_us_per_request):.1f} "
+        f"cpu_s_per_gb={med(per_gb):.3f} "
+        f"added_latency_p50_us={med(res.added_p50):.0f} added_latency_p99_us={med(res.added_p99):.0f} "
+        f"direct_msgs_per_s={med(res.msgs['direct']):.0f} pidgate_msgs_per_s={med(res.msgs['pidgate']):.0f} "
+        f"tansu_proxy_msgs_per_s={med(res.msgs['tansu']):.0f} rounds={args.rounds} records={args.records}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

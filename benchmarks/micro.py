@@ -1,0 +1,431 @@
+"""Micro-benchmarks of pidgate's per-request work, without sockets (plain timeit).
+
+    python benchmarks/micro.py [--repeat 7] [--only NAME] [--skip-memory]
+
+Each line is the median (and best) of ``--repeat`` timeit repeats, in µs per call. Bodies are
+built with kafka-python's classes (the reference encoder of the protocol tests). The machine
+is shared and noisy: compare medians of runs made side by side, never single numbers.
+"""
+
+# Report lines are long f-strings, and closures are timed inside the loop that binds them.
+# ruff: noqa: E501, B023
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import timeit
+import tracemalloc
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kafka.protocol.metadata import MetadataResponse
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.record.memory_records import MemoryRecordsBuilder
+
+from pidgate.protocol.endpoints import METADATA_KEY, BrokerEndpoint, rewrite_endpoints
+from pidgate.protocol.framing import frame
+from pidgate.protocol.produce import encode_produce_rejection, parse_produce_request
+from pidgate.quota.bloom import BloomShape, bloom_positions
+from pidgate.quota.manager import QuotaManager, QuotaPolicy
+
+RESULTS: list[tuple[str, float, float]] = []
+
+
+def bench(name: str, fn: Callable[[], object], repeat: int, target_s: float = 0.2) -> float:
+    """µs per call: median of ``repeat`` repeats, each about ``target_s`` long."""
+    timer = timeit.Timer(fn)
+    number, _ = timer.autorange()  # calls in >= 0.2 s
+    number = max(1, int(number * target_s / 0.2))
+    runs = [t / number * 1e6 for t in timer.repeat(repeat=repeat, number=number)]
+    med, best = statistics.median(runs), min(runs)
+    RESULTS.append((name, med, best))
+    print(f"{name:58s} {med:9.2f} µs  (best {best:.2f})", flush=True)
+    return med
+
+
+# -- message builders (kafka-python) -----------------------------------------------------------
+
+
+def records(producer_id: int, count: int = 10, value_bytes: int = 1000) -> bytes:
+    builder = MemoryRecordsBuilder(
+        magic=2,
+        compression_type=0,
+        batch_size=1 << 22,
+        offset=0,
+        transactional=False,
+        producer_id=producer_id,
+        producer_epoch=0,
+        base_sequence=0,
+    )
+    for i in range(count):
+        builder.append(timestamp=1_700_000_000_000 + i, key=None, value=b"x" * value_bytes)
+    builder.close()
+    return bytes(builder.buffer())
+
+
+TOPIC_ID = uuid.UUID(int=0x1234).bytes
+
+
+def produce_body(version: int, partitions: int, producer_id: int = 4242) -> bytes:
+    T = ProduceRequest.TopicProduceData
+    P = T.PartitionProduceData
+    blob = records(producer_id)
+    kwargs: dict[str, Any] = {
+        "partition_data": [P(index=i, records=blob) for i in range(partitions)]
+    }
+    if version >= 13:
+        kwargs["topic_id"] = uuid.UUID(bytes=TOPIC_ID)
+    else:
+        kwargs["name"] = "bench-topic"
+    req = ProduceRequest(
+        version=version, transactional_id=None, acks=-1, timeout_ms=30000, topic_data=[T(**kwargs)]
+    )
+    return bytes(req.encode(version=version))
+
+
+def request_frame(
+    api_key: int, version: int, correlation_id: int, body: bytes, flexible: bool
+) -> bytes:
+    client_id = b"rdkafka"
+    header = (
+        api_key.to_bytes(2, "big")
+        + version.to_bytes(2, "big")
+        + correlation_id.to_bytes(4, "big", signed=True)
+        + len(client_id).to_bytes(2, "big")
+        + client_id
+        + (b"\x00" if flexible else b"")
+    )
+    return frame(header + body)
+
+
+def produce_response_frame(version: int, correlation_id: int) -> bytes:
+    R = ProduceResponse
+    T = R.TopicProduceResponse
+    P = T.PartitionProduceResponse
+    kwargs: dict[str, Any] = {
+        "partition_responses": [
+            P(
+                index=0,
+                error_code=0,
+                base_offset=1,
+                log_append_time_ms=-1,
+                log_start_offset=0,
+                record_errors=[],
+                error_message=None,
+            )
+        ]
+    }
+    if version >= 13:
+        kwargs["topic_id"] = uuid.UUID(bytes=TOPIC_ID)
+    else:
+        kwargs["name"] = "bench-topic"
+    body = bytes(
+        R(version=version, responses=[T(**kwargs)], throttle_time_ms=0).encode(version=version)
+    )
+    flexible = version >= 9
+    return frame(
+        correlation_id.to_bytes(4, "big", signed=True) + (b"\x00" if flexible else b"") + body
+    )
+
+
+def metadata_body(version: int, brokers: int, partitions: int) -> bytes:
+    M = MetadataResponse
+    msg = M(
+        version=version,
+        throttle_time_ms=0,
+        brokers=[
+            M.MetadataResponseBroker(node_id=n, host=f"broker-{n}.example", port=9092, rack=None)
+            for n in range(brokers)
+        ],
+        cluster_id="cluster",
+        controller_id=0,
+        topics=[
+            M.MetadataResponseTopic(
+                error_code=0,
+                name="bench-topic",
+                topic_id=uuid.UUID(bytes=TOPIC_ID),
+                is_internal=False,
+                partitions=[
+                    M.MetadataResponseTopic.MetadataResponsePartition(
+                        error_code=0,
+                        partition_index=p,
+                        leader_id=p % brokers,
+                        leader_epoch=0,
+                        replica_nodes=[p % brokers],
+                        isr_nodes=[p % brokers],
+                        offline_replicas=[],
+                    )
+                    for p in range(partitions)
+                ],
+            )
+        ],
+    )
+    return bytes(msg.encode(version=version))
+
+
+# -- benchmarks ---------------------------------------------------------------------------------
+
+
+def bench_produce_walk(repeat: int) -> None:
+    for version in (9, 13):
+        for partitions in (1, 10, 50):
+            body = produce_body(version, partitions)
+            view = memoryview(body)
+            bench(
+                f"produce walk v{version} {partitions:2d} partitions ({len(body) // 1000} kB)",
+                lambda: parse_produce_request(view, version),
+                repeat,
+            )
+
+
+def _manager_with_layers(
+    layers: int = 11, rate: int = 1_000_000_000, layer_items: int = 1000
+) -> tuple[QuotaManager, int]:
+    """A principal whose filter has ``layers`` live layers; returns (manager, now_ms)."""
+    policy = QuotaPolicy(
+        window_ms=3_600_000,
+        window_num=11,
+        default_producer_ids_rate=rate,
+        min_layer_items=layer_items,
+        max_layer_items=layer_items,
+        max_total_bits=2**40,
+    )
+    manager = QuotaManager(policy)
+    now = 1_000_000_000
+    span = policy.window_ms // policy.window_num + 1
+    pid = 1
+    for _ in range(layers):
+        manager.admit("User:bench", (pid,), now)
+        pid += 1
+        now += span
+    now -= span  # stay inside the newest layer's span
+    return manager, now
+
+
+def bench_quota(repeat: int) -> None:
+    manager, now = _manager_with_layers(11)
+    layers = manager.snapshot(now)[0].layer_count
+    known = (11,)  # the PID admitted last: in the newest (current) layer
+    bench(
+        f"quota admit, known PID ({layers} layers, in newest)",
+        lambda: manager.admit("User:bench", known, now),
+        repeat,
+    )
+    counter = iter(range(10**12, 10**13))
+    # A fresh PID every call: misses the newest layer and all 10 older ones, takes a token
+    # (a huge rate: the bucket never runs dry) and is added to the newest layer (sized for
+    # 4M PIDs so it does not roll during the benchmark).
+    manager2, now2 = _manager_with_layers(11, layer_items=4_000_000)
+    bench(
+        f"quota admit, new PID ({layers} layers scanned, admitted, added)",
+        lambda: manager2.admit("User:bench", (next(counter),), now2),
+        repeat,
+    )
+    # A fresh PID every call with an empty bucket: the 11-layer scan and the rejection only.
+    manager3, now3 = _manager_with_layers(11, rate=11)
+    bench(
+        f"quota admit, new PID ({layers} layers scanned, rejected)",
+        lambda: manager3.admit("User:bench", (next(counter),), now3),
+        repeat,
+    )
+    shape = BloomShape.for_capacity(1000, 0.001)
+    bench(
+        f"bloom_positions (k={shape.hash_count}, m={shape.bit_count})",
+        lambda: bloom_positions(123456789, shape),
+        repeat,
+    )
+
+
+def bench_gatekeeper(repeat: int) -> None:
+    from pidgate.proxy.admission import Gatekeeper, ProduceContext
+
+    manager, _ = _manager_with_layers(11)
+    gate = Gatekeeper(manager)
+    summary = parse_produce_request(produce_body(9, 1, producer_id=11), 9)
+    ctx = ProduceContext("User:bench", "rdkafka", "librdkafka", "127.0.0.1:1")
+    # Gatekeeper uses the wall clock; the manager above lives in 2001, so prime it at "now".
+    gate.check(ctx, summary)
+    bench(
+        "Gatekeeper.check, known PID, 1 partition (wall clock)",
+        lambda: gate.check(ctx, summary),
+        repeat,
+    )
+
+
+def bench_rejection(repeat: int) -> None:
+    for version in (9, 13):
+        for partitions in (1, 50):
+            summary = parse_produce_request(produce_body(version, partitions), version)
+            bench(
+                f"encode_produce_rejection v{version} {partitions:2d} partitions",
+                lambda: encode_produce_rejection(version, 7, summary, 87, 1000),
+                repeat,
+            )
+
+
+def bench_metadata(repeat: int) -> None:
+    def rewrite(endpoint: BrokerEndpoint) -> tuple[str, int]:
+        return "127.0.0.1", 19000 + endpoint.node_id
+
+    for brokers, partitions in ((1, 1), (3, 50)):
+        body = metadata_body(12, brokers, partitions)
+        bench(
+            f"Metadata v12 rewrite_endpoints {brokers} brokers {partitions} partitions",
+            lambda: rewrite_endpoints(METADATA_KEY, 12, body, rewrite),
+            repeat,
+        )
+
+
+class _FakeTransport:
+    """Just enough of asyncio.Transport for ClientConnection / UpstreamConnection."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += 1
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.written += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+def bench_proxy_path(repeat: int) -> None:
+    """One Produce request through ClientConnection (frame cut, header, walk, Gatekeeper with
+    metrics and counters observers, slot bookkeeping, forward) and its response back (frame cut,
+    correlation check, metrics, Produce endpoint check, flush), with fake transports."""
+    from pidgate.config import load_settings
+    from pidgate.proxy.connection import ClientConnection, UpstreamConnection
+    from pidgate.proxy.server import ProxyServer
+
+    settings = load_settings(
+        cli_overrides={
+            "proxy": {"upstream": ["127.0.0.1:9"], "listen": "127.0.0.1:0"},
+            "quota": {"users": {"<default>": {"producer_ids_rate": 1000}}},
+            "admin": {"enabled": False},
+        }
+    )
+    server = ProxyServer(settings)
+    for version in (9, 11):
+        conn = ClientConnection(server.context, lambda: [("127.0.0.1", 9)])
+        client_transport = _FakeTransport()
+        conn.transport = client_transport  # type: ignore[assignment]
+        conn.principal = server.context.identity.principal_for_connection(None)
+        conn._gate.attach(client_transport)  # type: ignore[arg-type]
+        upstream = UpstreamConnection(conn)
+        upstream.transport = _FakeTransport()  # type: ignore[assignment]
+        conn._upstream = upstream
+        body = produce_body(version, 1, producer_id=77)
+        requests = [request_frame(0, version, cid, body, version >= 9) for cid in range(64)]
+        responses = [produce_response_frame(version, cid) for cid in range(64)]
+        conn.data_received(requests[0])  # first sight of the PID: admitted, now known
+        upstream.data_received(responses[0])
+        state = {"i": 0}
+
+        def one() -> None:
+            i = state["i"] = (state["i"] + 1) & 63
+            conn.data_received(requests[i])
+            upstream.data_received(responses[i])
+
+        # a request's correlation id must match its response's: cycle through 64 of them
+        bench(
+            f"proxy path: Produce v{version} 1 partition, known PID, request+response", one, repeat
+        )
+        assert not conn.closed, "the fake connection failed"
+
+
+def memory_1m_pids(principals: int = 10_000, pids_per_principal: int = 100) -> None:
+    """tracemalloc of a QuotaManager holding 1M active PIDs across 10k principals, p = 0.001."""
+    print(
+        f"\nmemory: {principals * pids_per_principal:,} PIDs across {principals:,} principals, p = 0.001"
+    )
+    for min_items, rate in ((1000, 1000), (100, 100)):
+        policy = QuotaPolicy(
+            default_producer_ids_rate=rate,
+            false_positive_rate=0.001,
+            min_layer_items=min_items,
+            max_total_bits=2**40,
+            max_principals=10**6,
+        )
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        manager = QuotaManager(policy)
+        now = 1_000_000_000
+        pid = 0
+        for p in range(principals):
+            ids = tuple(range(pid, pid + pids_per_principal))
+            pid += pids_per_principal
+            manager.admit(f"User:u{p}", ids, now)
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        bits_mb = manager.total_bits / 8 / 1e6
+        shape = BloomShape.for_capacity(policy.layer_items_for(rate), 0.001)
+        per_layer = used / principals  # one layer each: bits + Python objects of a principal
+        layer_bytes = shape.bit_count / 8
+        print(
+            f"  rate {rate}/window (layer sized for {policy.layer_items_for(rate)} PIDs, m={shape.bit_count}, "
+            f"k={shape.hash_count}): 1 layer each -> {used / 1e6:.1f} MB traced ({bits_mb:.1f} MB of bits)"
+        )
+        # Steady state: a PID producing through a whole window is refreshed into every layer
+        # span, so every principal holds window_num + 1 = 12 live layers.
+        steady = principals * (per_layer + 11 * (layer_bytes + 250))
+        print(
+            f"    steady state, 12 live layers each (estimate: +11 x (m/8 + ~250 B objects)): "
+            f"{steady / 1e6:.1f} MB"
+        )
+        RESULTS.append(
+            (f"memory 1M PIDs/10k principals rate {rate}, 1 layer (MB)", used / 1e6, used / 1e6)
+        )
+        RESULTS.append(
+            (
+                f"memory 1M PIDs/10k principals rate {rate}, 12 layers est. (MB)",
+                steady / 1e6,
+                steady / 1e6,
+            )
+        )
+        del manager
+    ideal = 1_000_000 * BloomShape.for_capacity(1_000_000, 0.001).bit_count / 1_000_000 / 8 / 1e6
+    print(f"  floor: one optimally sized filter for 1M PIDs at p=0.001 = {ideal:.2f} MB per layer")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--only", help="run only benchmarks whose group name contains this")
+    parser.add_argument("--skip-memory", action="store_true")
+    args = parser.parse_args()
+    groups = {
+        "walk": bench_produce_walk,
+        "quota": bench_quota,
+        "gatekeeper": bench_gatekeeper,
+        "rejection": bench_rejection,
+        "metadata": bench_metadata,
+        "proxy": bench_proxy_path,
+    }
+    for name, fn in groups.items():
+        if args.only and args.only not in name:
+            continue
+        fn(args.repeat)
+    if not args.skip_memory and (not args.only or "memory" in args.only):
+        memory_1m_pids()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
