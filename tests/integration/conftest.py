@@ -29,8 +29,11 @@ def proxy_settings(
     quota: dict[str, Any] | None = None,
     proxy: dict[str, Any] | None = None,
     rejection: dict[str, Any] | None = None,
+    admin: dict[str, Any] | None = None,
+    **sections: dict[str, Any],
 ) -> Settings:
-    """Settings for a gateway in front of ``broker`` on fresh loopback ports."""
+    """Settings for a gateway in front of ``broker`` on fresh loopback ports (bootstrap, broker
+    listener and admin HTTP); other sections (state, identity, ...) as given."""
     overrides: dict[str, Any] = {
         "proxy": {
             "upstream": [broker.bootstrap],
@@ -40,7 +43,8 @@ def proxy_settings(
         },
         "quota": quota or {},
         "logging": {"format": "json"},
-        "admin": {"listen": f"127.0.0.1:{free_port()}"},
+        "admin": {"listen": f"127.0.0.1:{free_port()}", **(admin or {})},
+        **sections,
     }
     if rejection:
         overrides["rejection"] = rejection

@@ -24,11 +24,10 @@ from kafka.protocol.sasl import SaslAuthenticateRequest
 
 from pidgate.config import LoggingSettings, Settings, load_settings
 from pidgate.demo.broker import free_port
-from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import ProduceContext, Rejected, monotonic_ms
+from pidgate.proxy.admission import monotonic_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
-from pidgate.quota.manager import Decision
+from tests.integration.decisions import Decisions
 from tests.integration.helpers import (
     ConnectionClosed,
     KafkaSocket,
@@ -69,38 +68,6 @@ PRODUCE_VERSION = 8
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------
-
-
-class Decisions:
-    """A DecisionObserver: which principal each new PID was charged to (admitted or refused)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: list[tuple[str, bool, tuple[int, ...]]] = []
-
-    def on_decision(
-        self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
-    ) -> None:
-        if isinstance(decision, Rejected):
-            event = (context.principal, False, tuple(decision.unknown_producer_ids))
-        else:
-            event = (context.principal, True, tuple(decision.new_producer_ids))
-        with self._lock:
-            self._events.append(event)
-
-    @property
-    def events(self) -> list[tuple[str, bool, tuple[int, ...]]]:
-        with self._lock:
-            return list(self._events)
-
-    def principals(self) -> set[str]:
-        return {principal for principal, _, _ in self.events}
-
-    def admitted(self, principal: str) -> set[int]:
-        return {pid for p, ok, pids in self.events if p == principal and ok for pid in pids}
-
-    def rejected(self, principal: str) -> set[int]:
-        return {pid for p, ok, pids in self.events if p == principal and not ok for pid in pids}
 
 
 def sasl_settings(broker: ScriptedSaslBroker, **sections: Any) -> Settings:

@@ -25,13 +25,12 @@ from kafka.protocol.metadata import ApiVersionsResponse
 
 from pidgate.config import LoggingSettings, Settings, load_settings
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
-from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import ProduceContext, Rejected, monotonic_ms
+from pidgate.proxy.admission import monotonic_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
-from pidgate.quota.manager import Decision
 from tests.integration.broker_log import producer_ids_in_log
 from tests.integration.certs import Pki, make_pki, renew_server_cert, server_serial
+from tests.integration.decisions import Decisions
 from tests.integration.helpers import (
     KafkaSocket,
     api_versions_request,
@@ -56,35 +55,6 @@ MAPPING_RULES = "RULE:^CN=(.*?),OU=clients.*$/$1/,DEFAULT"
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-class Decisions:
-    """A DecisionObserver: which principal each new PID was charged to (admitted or refused)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: list[tuple[str, bool, tuple[int, ...]]] = []
-
-    def on_decision(
-        self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
-    ) -> None:
-        if isinstance(decision, Rejected):
-            event = (context.principal, False, tuple(decision.unknown_producer_ids))
-        else:
-            event = (context.principal, True, tuple(decision.new_producer_ids))
-        with self._lock:
-            self._events.append(event)
-
-    @property
-    def events(self) -> list[tuple[str, bool, tuple[int, ...]]]:
-        with self._lock:
-            return list(self._events)
-
-    def admitted(self, principal: str) -> set[int]:
-        return {pid for p, ok, pids in self.events if p == principal and ok for pid in pids}
-
-    def rejected(self, principal: str) -> set[int]:
-        return {pid for p, ok, pids in self.events if p == principal and not ok for pid in pids}
 
 
 def on_loop(proxy: BackgroundProxy, function: Callable[[], T]) -> T:

@@ -30,13 +30,13 @@ from kafka.protocol.admin.client_quotas import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from pidgate.config import Settings, load_settings
-from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
+from pidgate.config import Settings
+from pidgate.demo.broker import EmbeddedBroker, free_port
 from pidgate.protocol.headers import parse_request_header
 from pidgate.protocol.produce import ProduceRequestSummary, parse_produce_request
 from pidgate.proxy.admission import Admitted, ProduceContext, Rejected
 from pidgate.proxy.background import BackgroundProxy
-from tests.integration.conftest import anonymous_quota
+from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.helpers import (
     THROTTLING_QUOTA_EXCEEDED,
     UNSUPPORTED_VERSION,
@@ -75,21 +75,10 @@ def operate_settings(
     state: dict[str, Any] | None = None,
     proxy: dict[str, Any] | None = None,
 ) -> Settings:
-    """Like conftest's ``proxy_settings``, plus the admin and state sections; fresh ports."""
-    overrides: dict[str, Any] = {
-        "proxy": {
-            "upstream": [broker.bootstrap],
-            "listen": f"127.0.0.1:{free_port()}",
-            "broker_ports": {TANSU_NODE_ID: free_port()},
-            **(proxy or {}),
-        },
-        "quota": quota or {},
-        "logging": {"format": "json"},
-        "admin": {"listen": f"127.0.0.1:{free_port()}", **(admin or {})},
-    }
-    if state is not None:
-        overrides["state"] = state
-    return load_settings(cli_overrides=overrides)
+    """conftest's ``proxy_settings`` with the admin and state sections."""
+    return proxy_settings(
+        broker, quota=quota, proxy=proxy, admin=admin, **({"state": state} if state else {})
+    )
 
 
 def admin_address(proxy: BackgroundProxy) -> str:
