@@ -205,6 +205,47 @@ class ProxySettings(_Frozen):
     shutdown_grace_ms: int = Field(
         10_000, ge=0, description="on SIGTERM/SIGINT, time for in-flight requests to finish"
     )
+    # Each client connection holds two sockets (client + broker): 10k of them fits a raised
+    # `ulimit -n` (65536) with room to spare, and is far above what one gateway's producers need.
+    max_connections: int = Field(
+        10_000,
+        ge=1,
+        description="client connections open at once, all listeners together; one more is "
+        "closed at once (each holds a client and a broker socket: keep 2x this under the file "
+        "descriptor limit)",
+    )
+    # Kafka's max.connections.per.ip is unlimited by default; a proxy in front of the whole
+    # cluster is where one host's reconnect storm or connection leak should stop, short of
+    # taking every slot of max_connections.
+    max_connections_per_ip: int = Field(
+        1_000,
+        ge=1,
+        description="client connections open at once from one IP address; one more is closed "
+        "at once, so one misbehaving host cannot take all of max_connections (raise it for "
+        "clients behind NAT)",
+    )
+    idle_timeout_ms: int = Field(
+        600_000,
+        ge=0,
+        description="a client connection with no bytes either way for this long and no "
+        "response owed is closed; 0 = never. Kafka's broker default (connections.max.idle.ms): "
+        "clients close idle connections first (at 540 s) and are used to brokers doing it",
+    )
+    # Fail open by default: KIP-936 quotas protect brokers from PID explosions, which are rare;
+    # a pidgate bug that rejected every Produce would stop every producer, a far worse outage
+    # than the one the quota guards against.
+    quota_failure_policy: Literal["open", "closed"] = Field(
+        "open",
+        description="when the quota subsystem raises: open = forward the Produce unthrottled "
+        "(default: a pidgate bug must not stop producers, which pass without pidgate anyway), "
+        "closed = answer it as throttled for quota_failure_throttle_ms",
+    )
+    quota_failure_throttle_ms: int = Field(
+        1_000,
+        ge=1,
+        description="throttle_time_ms of a Produce rejected because the quota subsystem failed "
+        "(quota_failure_policy closed): clients retry after it",
+    )
 
     _parse_listen = field_validator("listen", mode="before")(_host_port)
 

@@ -2,15 +2,17 @@
 which error code a rejected client gets, and the seam through which decisions are observed
 (logs now; metrics and the event log plug in as further ``DecisionObserver``s).
 
-Owns: ``Gatekeeper``, ``rejection_error_code``, the ``DecisionObserver`` protocol.
+Owns: ``Gatekeeper`` (including the quota failure policy: what happens to a Produce request when
+the quota manager itself raises), ``rejection_error_code``, the ``DecisionObserver`` protocol.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
@@ -55,6 +57,11 @@ class ProduceContext:
     node_id: int | None = None
 
 
+#: What a Produce request gets when the quota manager raises: "open" forwards it unthrottled,
+#: "closed" answers it as throttled (``proxy.quota_failure_policy``).
+QuotaFailurePolicy = Literal["open", "closed"]
+
+
 class DecisionObserver(Protocol):
     def on_decision(
         self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
@@ -69,22 +76,38 @@ class Gatekeeper:
         quota: QuotaManager,
         observers: Sequence[DecisionObserver] = (),
         on_observer_error: Callable[[DecisionObserver, Exception], None] | None = None,
+        *,
+        failure_policy: QuotaFailurePolicy = "open",
+        failure_throttle_ms: int = 1000,
+        on_quota_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.quota = quota
         self._observers = tuple(observers)
         self._on_observer_error = on_observer_error
         self.observer_errors = 0
+        #: Read on every failure, so a config reload may change them.
+        self.failure_policy: QuotaFailurePolicy = failure_policy
+        self.failure_throttle_ms = failure_throttle_ms
+        self._on_quota_error = on_quota_error
+        self.quota_failures = 0
         #: When the last decision was made (quota clock): observers record this exact time, so
         #: a replay of the event log (the backtest) decides at the same instants.
         self.decided_at_ms = 0
 
     def check(self, context: ProduceContext, request: ProduceRequestSummary) -> Decision | None:
-        """None when the request carries no PID (never throttled), else the quota decision."""
+        """None when the request carries no PID (never throttled), else the quota decision.
+
+        Should the quota manager raise, the failure policy decides instead: None (forward, fail
+        open) or a ``Rejected`` of ``failure_throttle_ms`` (fail closed). Either way the error
+        goes to ``on_quota_error`` and observers are not told (no quota decision was made)."""
         producer_ids = request.producer_ids()
         if not producer_ids:
             return None
         self.decided_at_ms = now_ms = quota_clock_ms()
-        decision = self.quota.admit(context.principal, producer_ids, now_ms)
+        try:
+            decision = self.quota.admit(context.principal, producer_ids, now_ms)
+        except Exception as error:  # a bug in the quota subsystem: the policy says what now
+            return self._quota_failed(error, producer_ids)
         if self._observers and (
             isinstance(decision, Rejected) or decision.new_producer_ids or decision.refreshed_count
         ):
@@ -97,12 +120,26 @@ class Gatekeeper:
                         self._on_observer_error(observer, error)
         return decision
 
+    def _quota_failed(self, error: Exception, producer_ids: frozenset[int]) -> Rejected | None:
+        self.quota_failures += 1
+        if self._on_quota_error is not None:
+            # Reporting must not turn a handled failure into a closed connection.
+            with contextlib.suppress(Exception):
+                self._on_quota_error(error)
+        if self.failure_policy == "open":
+            return None
+        return Rejected(
+            throttle_time_ms=self.failure_throttle_ms,
+            unknown_producer_ids=tuple(sorted(producer_ids)),
+        )
+
 
 __all__ = [
     "Admitted",
     "DecisionObserver",
     "Gatekeeper",
     "ProduceContext",
+    "QuotaFailurePolicy",
     "Rejected",
     "monotonic_ms",
     "quota_clock_ms",

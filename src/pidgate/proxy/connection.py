@@ -9,7 +9,10 @@ Owns the per-connection request/response pipeline:
   broker still owes for earlier requests;
 - ApiVersions responses narrowed, broker endpoints rewritten (``Router``);
 - backpressure both ways: a side that cannot take writes stops reading of the other side, and
-  too many requests in flight stop reading of the client.
+  too many requests in flight stop reading of the client;
+- limits: a connection beyond ``proxy.max_connections`` (total) or
+  ``proxy.max_connections_per_ip`` is closed at once (``ConnectionLimits``); one quiet for
+  ``proxy.idle_timeout_ms`` with no response owed is closed.
 
 A protocol error on either side closes both connections; the process and other connections
 are unaffected.
@@ -126,6 +129,40 @@ class ReadGate:
         return reason in self._reasons
 
 
+class ConnectionLimits:
+    """Open client connections of one proxy, in total and per client IP, against
+    ``proxy.max_connections`` and ``proxy.max_connections_per_ip`` (shared by every listener).
+
+    With client TLS a connection counts from the end of its handshake (when asyncio hands it
+    over), so handshakes in progress are not counted."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._per_ip: dict[str, int] = {}
+
+    def acquire(self, ip: str, max_total: int, max_per_ip: int) -> str | None:
+        """Count a new connection from ``ip``; or, over a limit, the limit's name (and no
+        count)."""
+        if self.total >= max_total:
+            return "connection_limit"
+        if self._per_ip.get(ip, 0) >= max_per_ip:
+            return "connection_limit_per_ip"
+        self.total += 1
+        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
+        return None
+
+    def release(self, ip: str) -> None:
+        self.total -= 1
+        left = self._per_ip.get(ip, 0) - 1
+        if left > 0:
+            self._per_ip[ip] = left
+        else:
+            self._per_ip.pop(ip, None)
+
+    def from_ip(self, ip: str) -> int:
+        return self._per_ip.get(ip, 0)
+
+
 class ClientConnection(asyncio.Protocol):
     """The client side; owns the upstream connection it opens."""
 
@@ -134,8 +171,15 @@ class ClientConnection(asyncio.Protocol):
         context: ProxyContext,
         upstream_targets: Callable[[], list[Address]],
         node_id: int | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self._context = context
+        #: None: no connection limits (only the idle timeout applies).
+        self._limits = limits
+        #: The IP this connection is counted under in ``_limits``; None when not counted.
+        self._counted_ip: str | None = None
+        self._idle_handle: asyncio.TimerHandle | None = None
+        self._last_active_s = time.monotonic()
         self.node_id = node_id
         self._settings = context.settings
         self._upstream_targets = upstream_targets
@@ -170,6 +214,8 @@ class ClientConnection(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if self._limits is not None and not self._within_limits(transport, peer):
+            return
         try:
             self.principal = self._context.identity.principal_for_connection(
                 transport.get_extra_info("peercert")
@@ -193,8 +239,65 @@ class ClientConnection(asyncio.Protocol):
         self._context.connections.add(self)
         self._context.traffic.connection_opened()
         self._connect_task = asyncio.ensure_future(self._connect_upstream())
+        self._schedule_idle_check(self._settings.proxy.idle_timeout_ms / 1000)
+
+    def _within_limits(self, transport: asyncio.Transport, peer: object) -> bool:
+        """Count this connection, or close it at once when over a connection limit."""
+        assert self._limits is not None
+        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        settings = self._settings.proxy
+        exceeded = self._limits.acquire(
+            ip, settings.max_connections, settings.max_connections_per_ip
+        )
+        if exceeded is None:
+            self._counted_ip = ip
+            return True
+        self.closed = True
+        self._context.traffic.protocol_error(exceeded)
+        self._context.log.warning(
+            exceeded,
+            # One key per client host: a flood from one host is a bounded number of lines.
+            key=ip,
+            client=self.peer,
+            open_connections=self._limits.total,
+            open_from_ip=self._limits.from_ip(ip),
+            max_connections=settings.max_connections,
+            max_connections_per_ip=settings.max_connections_per_ip,
+        )
+        transport.abort()  # nothing was read or owed: no need to flush anything
+        return False
+
+    def _schedule_idle_check(self, delay_s: float) -> None:
+        if delay_s <= 0 or self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._idle_handle = loop.call_later(delay_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Timer: close the connection if quiet for ``idle_timeout_ms`` with nothing owed,
+        else look again when it could first be. One timer per connection, never re-armed on
+        the hot path: reads and writes only note the time."""
+        self._idle_handle = None
+        timeout_s = self._settings.proxy.idle_timeout_ms / 1000
+        if self.closed or timeout_s <= 0:
+            return
+        quiet_s = time.monotonic() - self._last_active_s
+        if not self.idle:
+            self._schedule_idle_check(timeout_s)
+        elif quiet_s < timeout_s:
+            self._schedule_idle_check(timeout_s - quiet_s)
+        else:
+            self._context.log.info(
+                "idle_connection_closed",
+                key=self.peer.rpartition(":")[0],
+                client=self.peer,
+                client_id=self.client_id,
+                idle_ms=int(quiet_s * 1000),
+            )
+            self.close()
 
     def data_received(self, data: bytes) -> None:
+        self._last_active_s = time.monotonic()
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as error:
@@ -216,8 +319,14 @@ class ClientConnection(asyncio.Protocol):
         if self in self._context.connections:
             self._context.connections.discard(self)
             self._context.traffic.connection_closed()
+        if self._limits is not None and self._counted_ip is not None:
+            self._limits.release(self._counted_ip)
+            self._counted_ip = None
         if self._unmute_handle is not None:
             self._unmute_handle.cancel()
+        if self._idle_handle is not None:
+            self._idle_handle.cancel()
+            self._idle_handle = None
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
         if self._upstream is not None:
@@ -638,6 +747,7 @@ class ClientConnection(asyncio.Protocol):
             ready.append(response)
         if ready:
             self.transport.writelines(ready)
+            self._last_active_s = time.monotonic()
         if len(slots) >= self._settings.proxy.max_in_flight_requests:
             self._gate.pause("in_flight")
         else:

@@ -24,7 +24,7 @@ from pidgate.proxy.admission import (
     monotonic_ms,
     quota_clock_ms,
 )
-from pidgate.proxy.connection import ClientConnection
+from pidgate.proxy.connection import ClientConnection, ConnectionLimits
 from pidgate.proxy.context import ProxyContext
 from pidgate.proxy.event_log import EventLog
 from pidgate.proxy.http import AdminHttpServer
@@ -102,6 +102,9 @@ class ProxyServer:
                     *observers,
                 ),
                 on_observer_error=self._observer_failed,
+                failure_policy=settings.proxy.quota_failure_policy,
+                failure_throttle_ms=settings.proxy.quota_failure_throttle_ms,
+                on_quota_error=self._quota_failed,
             ),
             router=self.router,
             log=log,
@@ -112,6 +115,10 @@ class ProxyServer:
             event_log=self.event_log,
             quota_admin=QuotaAdmin(self.quota_control.effective_rates, self._apply_quota_changes),
         )
+        self.connection_limits = ConnectionLimits()
+        #: Quota failures not yet logged (one line per logging interval says how many).
+        self._quota_failures_unlogged = 0
+        self._quota_failure_logged_ms: int | None = None
         self._admin: AdminHttpServer | None = None
         self._client_ssl = client_ssl_context(settings.client_tls)
         self._certificates = (
@@ -156,11 +163,14 @@ class ProxyServer:
         return failures
 
     def reload(self, settings: Settings) -> None:
-        """Apply a re-read config file (SIGHUP): quotas, rejection table, log rate limits.
-        Listener, TLS and routing settings need a restart and are left as they are."""
+        """Apply a re-read config file (SIGHUP): quotas, rejection table, log rate limits, quota
+        failure policy, connection limits and idle timeout (at their next check). Listener, TLS
+        and routing settings need a restart and are left as they are."""
         self.quota_control.reload(settings)
         self.settings = settings
         self.context.settings = settings
+        self.context.gatekeeper.failure_policy = settings.proxy.quota_failure_policy
+        self.context.gatekeeper.failure_throttle_ms = settings.proxy.quota_failure_throttle_ms
         self.metrics.config_reloaded(True)
         get_logger().info("config_reloaded", producer_ids_rate=self.quota_control.effective_rates())
 
@@ -195,13 +205,36 @@ class ProxyServer:
             error=repr(error),
         )
 
+    def _quota_failed(self, error: Exception) -> None:
+        """The quota manager raised (``Gatekeeper``'s ``on_quota_error``): counted every time,
+        logged at most once per ``logging.rate_limit_interval_ms`` (a broken quota fails every
+        Produce: thousands a second), each line saying how many failures it stands for."""
+        self.metrics.protocol_error("quota_failure")
+        self._quota_failures_unlogged += 1
+        now_ms = monotonic_ms()
+        last = self._quota_failure_logged_ms
+        if last is not None and now_ms - last < self.settings.logging.rate_limit_interval_ms:
+            return
+        self._quota_failure_logged_ms = now_ms
+        failures, self._quota_failures_unlogged = self._quota_failures_unlogged, 0
+        get_logger().error(
+            "quota_failure",
+            error=repr(error),
+            policy=self.context.gatekeeper.failure_policy,
+            failures=failures,
+        )
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listen = self.settings.proxy.listen
         self._bootstrap = await loop.create_server(
-            lambda: ClientConnection(self.context, lambda: self.router.bootstrap_upstreams),
+            lambda: ClientConnection(
+                self.context,
+                lambda: self.router.bootstrap_upstreams,
+                limits=self.connection_limits,
+            ),
             listen.host,
             listen.port,
             reuse_address=True,
@@ -293,7 +326,12 @@ class ProxyServer:
         port = self.settings.proxy.broker_listen_port(route.node_id)
         try:
             server = await loop.create_server(
-                lambda: ClientConnection(self.context, lambda: [route.upstream], route.node_id),
+                lambda: ClientConnection(
+                    self.context,
+                    lambda: [route.upstream],
+                    route.node_id,
+                    limits=self.connection_limits,
+                ),
                 host,
                 port,
                 reuse_address=True,
