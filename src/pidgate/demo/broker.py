@@ -9,10 +9,12 @@ process it started, by PID.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +30,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         probe.bind((host, 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, ask for SIGTERM when the process that started the
+    broker dies, so a killed test run or demo never leaves a broker behind."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def broker_binary() -> str:
@@ -72,6 +89,7 @@ class EmbeddedBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in the terminal reaches us, and we stop it
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
