@@ -9,7 +9,6 @@ exchange succeeded, and no credential ever shows up in pidgate's logs or state.
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ from kafka.protocol.sasl import SaslAuthenticateRequest
 
 from pidgate.config import LoggingSettings, Settings, load_settings
 from pidgate.demo.broker import free_port
-from pidgate.proxy.admission import monotonic_ms
+from pidgate.proxy.admission import quota_clock_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
 from tests.integration.decisions import Decisions
@@ -100,24 +99,11 @@ def sasl_pidgate(
 
 
 def on_loop(proxy: BackgroundProxy, function: Callable[[], T]) -> T:
-    """Run ``function`` on pidgate's event loop (its state is not thread-safe) and return."""
-    answers: queue.Queue[tuple[bool, Any]] = queue.Queue()
-
-    def run() -> None:
-        try:
-            answers.put((True, function()))
-        except BaseException as error:
-            answers.put((False, error))
-
-    proxy.call(run)
-    ok, value = answers.get(timeout=10)
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
+    return proxy.call_and_wait(function)
 
 
 def tracked_principals(proxy: BackgroundProxy) -> set[str]:
-    snapshot = on_loop(proxy, lambda: proxy.server.quota.snapshot(monotonic_ms()))
+    snapshot = on_loop(proxy, lambda: proxy.server.quota.snapshot(quota_clock_ms()))
     return {state.principal for state in snapshot}
 
 
@@ -640,7 +626,7 @@ def test_credentials_never_reach_logs_or_state(tmp_path: Path, decisions: Decisi
             ],
         )
         assert len(state) >= 3
-        snapshot = on_loop(pidgate, lambda: pidgate.server.quota.snapshot(monotonic_ms()))
+        snapshot = on_loop(pidgate, lambda: pidgate.server.quota.snapshot(quota_clock_ms()))
         counters = pidgate.server.counters
         exposed = {
             "connections": "\n".join(state),

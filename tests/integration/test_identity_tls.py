@@ -6,7 +6,6 @@ without a restart, and originates TLS to a broker that needs it.
 from __future__ import annotations
 
 import contextlib
-import queue
 import socket
 import ssl
 import threading
@@ -25,7 +24,7 @@ from kafka.protocol.metadata import ApiVersionsResponse
 
 from pidgate.config import LoggingSettings, Settings, load_settings
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
-from pidgate.proxy.admission import monotonic_ms
+from pidgate.proxy.admission import quota_clock_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
 from tests.integration.broker_log import producer_ids_in_log
@@ -58,24 +57,11 @@ MAPPING_RULES = "RULE:^CN=(.*?),OU=clients.*$/$1/,DEFAULT"
 
 
 def on_loop(proxy: BackgroundProxy, function: Callable[[], T]) -> T:
-    """Run ``function`` on pidgate's event loop (its state is not thread-safe) and return."""
-    answers: queue.Queue[tuple[bool, Any]] = queue.Queue()
-
-    def run() -> None:
-        try:
-            answers.put((True, function()))
-        except BaseException as error:
-            answers.put((False, error))
-
-    proxy.call(run)
-    ok, value = answers.get(timeout=10)
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
+    return proxy.call_and_wait(function)
 
 
 def tracked_principals(proxy: BackgroundProxy) -> set[str]:
-    snapshot = on_loop(proxy, lambda: proxy.server.quota.snapshot(monotonic_ms()))
+    snapshot = on_loop(proxy, lambda: proxy.server.quota.snapshot(quota_clock_ms()))
     return {state.principal for state in snapshot}
 
 

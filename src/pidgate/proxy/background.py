@@ -7,13 +7,18 @@ Owns: ``BackgroundProxy``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+from collections.abc import Callable
 from types import TracebackType
+from typing import TypeVar
 
 from pidgate.config import Settings
 from pidgate.proxy.admission import DecisionObserver
 from pidgate.proxy.runtime import new_event_loop
 from pidgate.proxy.server import ProxyServer
+
+T = TypeVar("T")
 
 
 class BackgroundProxy:
@@ -54,6 +59,20 @@ class BackgroundProxy:
         """Run ``function(*args)`` on the proxy's loop (thread-safe)."""
         assert callable(function)
         self._loop.call_soon_threadsafe(function, *args)
+
+    def call_and_wait(self, function: Callable[[], T], timeout_s: float = 10.0) -> T:
+        """Run ``function()`` on the proxy's loop and return its result (or raise its error):
+        the proxy's state is not thread-safe, so other threads read it this way."""
+        answer: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                answer.set_result(function())
+            except BaseException as error:
+                answer.set_exception(error)
+
+        self._loop.call_soon_threadsafe(run)
+        return answer.result(timeout_s)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if self._thread.is_alive() and self._stopped is not None:
