@@ -15,7 +15,7 @@ if [ ! -x .venv/bin/python ]; then
     exit 1
   }
 fi
-extras="${1:-}"
+extras="${BOOTSTRAP_EXTRAS:-}"  # not $1: a sourced script sees its caller's arguments
 stamp=".venv/.pidgate-installed${extras:+-$extras}"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
