@@ -24,8 +24,11 @@ import argparse
 import hashlib
 import os
 import random
+import resource
 import struct
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -484,11 +487,13 @@ def run_python(args: argparse.Namespace, names: list[str]) -> int:
 
 
 def run_atheris(args: argparse.Namespace, names: list[str], rest: list[str]) -> int:
-    import atheris  # type: ignore[import-not-found]
+    """Several targets: one child process each (libFuzzer's loop never returns), the input and
+    time budgets split evenly, peak RSS per child reported. One target: fuzz it in-process,
+    starting from the same seed corpus as the python engine."""
+    if len(names) > 1:
+        return _atheris_children(args, names, rest)
+    import atheris  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
-    if len(names) != 1:
-        print("--engine atheris needs exactly one --targets name", file=sys.stderr)
-        return 2
     name = names[0]
     target = TARGETS[name]
 
@@ -501,12 +506,70 @@ def run_atheris(args: argparse.Namespace, names: list[str], rest: list[str]) -> 
             save_crash(name, data, exc)
             raise
 
+    corpus = Path(tempfile.mkdtemp(prefix=f"pidgate-fuzz-{name}-"))
+    for index, seed in enumerate(build_seeds()[name]):
+        (corpus / f"seed-{index}").write_bytes(seed)
     atheris.instrument_all()
     atheris.Setup(
-        [sys.argv[0], f"-runs={args.inputs}", f"-max_total_time={args.seconds}", *rest], one
+        [
+            sys.argv[0],
+            f"-runs={args.inputs}",
+            f"-max_total_time={max(1, int(args.seconds))}",
+            f"-rss_limit_mb={int(args.rss_limit_mb)}",
+            "-max_len=65536",
+            f"-seed={args.seed}",
+            *rest,
+            str(corpus),
+        ],
+        one,
     )
-    atheris.Fuzz()
+    atheris.Fuzz()  # exits the process: 0 when the bound is reached, non-zero on a crash
     return 0
+
+
+def _atheris_children(args: argparse.Namespace, names: list[str], rest: list[str]) -> int:
+    inputs_each = max(1, args.inputs // len(names))
+    seconds_each = max(1.0, args.seconds / len(names))
+    failed: list[str] = []
+    total_runs = 0
+    started = time.monotonic()
+    for name in names:
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--engine",
+            "atheris",
+            "--targets",
+            name,
+            "--inputs",
+            str(inputs_each),
+            "--seconds",
+            str(seconds_each),
+            "--seed",
+            str(args.seed),
+            "--rss-limit-mb",
+            str(args.rss_limit_mb),
+            "--",
+            *rest,
+        ]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        runs = [line for line in done.stderr.splitlines() if line.startswith("Done ")]
+        runs_count = int(runs[-1].split()[1]) if runs else 0
+        total_runs += runs_count
+        status = "ok" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
+        peak = f"{peak_kb / 1024:.0f} MiB" if peak_kb > before else "<= previous"
+        print(f"  {name:24s} {runs_count:>10,d} runs  peak RSS {peak}  {status}", flush=True)
+        if done.returncode != 0:
+            failed.append(name)
+            print(done.stderr[-4000:], file=sys.stderr)
+    elapsed = time.monotonic() - started
+    print(
+        f"engine=atheris seed={args.seed} inputs={total_runs} elapsed={elapsed:.0f}s "
+        f"crashes={len(failed)}"
+    )
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -524,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tracemalloc", action="store_true", help="also report the Python heap peak")
     p.add_argument("--max-rss-growth-mb", type=float, default=256.0)
     p.add_argument("--max-crashes", type=int, default=20)
+    p.add_argument(
+        "--rss-limit-mb", type=int, default=1024, help="atheris: libFuzzer's -rss_limit_mb"
+    )
     p.add_argument("--list", action="store_true", help="print the target names and exit")
     args = p.parse_args(argv)
     if args.list:
