@@ -128,6 +128,20 @@ class ReadGate:
     def holds(self, reason: str) -> bool:
         return reason in self._reasons
 
+    def enforce(self) -> None:
+        """Pause again if the transport is reading while a reason holds. uvloop starts reading
+        an accepted connection after ``connection_made`` returns, ignoring a pause made there
+        (asyncio's own loop honours it, gh-103607): without this, everything a client sent
+        while its broker connection was still being made was read into memory, unbounded."""
+        transport = self.transport
+        if (
+            self._reasons
+            and transport is not None
+            and transport.is_reading()
+            and not transport.is_closing()
+        ):
+            transport.pause_reading()
+
 
 class ConnectionLimits:
     """Open client connections of one proxy, in total and per client IP, against
@@ -298,6 +312,7 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_active_s = time.monotonic()
+        self._gate.enforce()  # at most this one read while paused (uvloop, see ReadGate)
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as error:
