@@ -509,6 +509,7 @@ class _Connection:
         self.user: str | None = None
         self.mechanism = ""
         self.sasl: _Plain | _Scram | _OAuthBearer | None = None
+        self.verdict_logged = False
         self.reauth = False
         self.expires_at: float | None = None
         if not broker.require_sasl:
@@ -644,6 +645,8 @@ class _Connection:
         if not ok:
             self.finish(False)
             raise _Close("authentication failed (v0)")
+        if done:
+            self.log_verdict(True)
         self.send(struct.pack(">i", len(reply)) + reply)
         if done:
             self.finish(True)
@@ -664,6 +667,8 @@ class _Connection:
             auth_bytes=reply if ok else b"",
             session_lifetime_ms=lifetime,
         )
+        if done or not ok:
+            self.log_verdict(ok)
         self.send(_encode(r, version, cid))
         if not ok:
             self.finish(False)
@@ -671,9 +676,18 @@ class _Connection:
         if done:
             self.finish(True)
 
+    def log_verdict(self, ok: bool) -> None:
+        """Recorded before the verdict is sent, so a test that saw the answer (or the close that
+        follows it) always finds the event in ``auth_log``."""
+        assert self.sasl is not None
+        if not self.verdict_logged:
+            self.verdict_logged = True
+            self.broker._log_auth(AuthEvent(self.sasl.user, self.mechanism, ok))
+
     def finish(self, ok: bool) -> None:
         assert self.sasl is not None
-        self.broker._log_auth(AuthEvent(self.sasl.user, self.mechanism, ok))
+        self.log_verdict(ok)
+        self.verdict_logged = False  # a re-authentication logs its own verdict
         if not ok:
             # Kafka's connections.failed.authentication.delay.ms (default 100): without it,
             # kafka-python may see the close before the error response and report neither.

@@ -42,7 +42,6 @@ from tests.integration.helpers import (
     sasl_authenticate,
     sasl_handshake,
     send_raw_sasl_token,
-    send_sasl_authenticate,
     wait_until,
 )
 from tests.integration.sasl_broker import (
@@ -400,15 +399,21 @@ def test_produce_before_sasl_success_closes_and_charges_nobody(
         raw = Raw(pidgate.bootstrap)
         try:
             raw.api_versions()
-            if when == "after_handshake":
+            if when != "without_handshake":
                 assert raw.handshake("PLAIN") == 0
-            elif when == "pipelined_with_auth":
-                # Correct credentials, but the Produce is read before the broker's verdict.
-                assert raw.handshake("PLAIN") == 0
-                send_sasl_authenticate(
-                    raw.conn, plain_token("alice", USERS["alice"]), 1, raw.next_cid()
+            if when == "pipelined_with_auth":
+                # Correct credentials, but the Produce is read before the broker's verdict:
+                # both frames go in one write, so pidgate reads them together (sent apart, the
+                # verdict could come back first and the Produce would rightly be forwarded).
+                authenticate = encode_request(
+                    SaslAuthenticateRequest(auth_bytes=plain_token("alice", USERS["alice"])),
+                    1,
+                    raw.next_cid(),
                 )
-            raw.send_produce(4242)
+                produce = produce_frame(TOPIC, 4242, raw.next_cid(), PRODUCE_VERSION)
+                raw.conn.sendall(authenticate + produce)
+            else:
+                raw.send_produce(4242)
             assert raw.expect_closed() == b""
         finally:
             raw.close()
