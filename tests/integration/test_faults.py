@@ -134,6 +134,7 @@ class ConnectionView:
         self.inbox_bytes = sum(len(frame) for frame in conn._inbox)
         self.partial_frame_bytes = conn._decoder.buffered_bytes
         self.in_flight_paused = conn._gate.holds("in_flight")
+        self.muted = conn._gate.holds("mute")
         self.upstream_connected = conn._upstream is not None
         upstream = conn._upstream.transport if conn._upstream is not None else None
         self.upstream_write_buffer = upstream.get_write_buffer_size() if upstream else 0
@@ -617,8 +618,10 @@ def test_broker_that_accepts_but_never_answers(silent_broker: SilentBroker) -> N
             wait_until(lambda: len(connection_views(proxy)) == 1, 15, "producer gone")
 
         # The flooding client closed too. pidgate is not reading that connection (it waits
-        # for the broker), so it does not see the close yet (reported, not asserted:
-        # connections_left_after_flooding_client_closed); once the broker side goes away,
+        # for the broker), and the client's FIN is queued behind the megabytes it could not
+        # send, so no one can see the close yet (reported, not asserted:
+        # connections_left_after_flooding_client_closed; a close pidgate can see is tested in
+        # test_a_client_that_hangs_up_while_paused_is_let_go). Once the broker side goes away,
         # pidgate closes it and keeps nothing.
         time.sleep(1.0)
         left_after_client_close = len(connection_views(proxy))
@@ -655,6 +658,64 @@ class BusyBroker:
     def close(self) -> None:
         self._parked.close()
         self._listener.close()
+
+
+def test_a_client_that_hangs_up_while_paused_is_let_go(
+    silent_broker: SilentBroker, broker: EmbeddedBroker
+) -> None:
+    """Fault: a client closes while pidgate is not reading it, (a) at the in-flight limit in
+    front of a hung broker, (b) muted after a rejection (KIP-219).
+
+    Proves: a paused transport never sees EOF, yet pidgate notices the hang-up from the socket's
+    TCP state within seconds (not when the broker answers, or the mute ends), closes the
+    connection and its broker connection, and forwarded nothing the client sent afterwards.
+    """
+    max_in_flight = 4
+    frame = produce_frame("never-answered", producer_id=4242, correlation_id=1)
+    proxy = BackgroundProxy(
+        gateway_settings(silent_broker.address, max_in_flight_requests=max_in_flight)
+    ).start()
+    try:
+        with KafkaSocket(proxy.bootstrap, timeout_s=10) as client:
+            client.sendall(frame * (max_in_flight + 3))  # a few KB: all of it reaches pidgate
+            expected = max_in_flight * len(frame)
+            wait_until(lambda: sum(silent_broker.received().values()) >= expected, 10, "sent")
+            (view,) = connection_views(proxy).values()
+            assert view.in_flight_paused
+        closed = time.monotonic()
+        wait_until(lambda: not connection_views(proxy), 10, "pidgate to let the client go")
+        in_flight_noticed_s = time.monotonic() - closed
+        wait_until(lambda: silent_broker.open_connections() == 0, 10, "its broker side closed")
+        assert sum(silent_broker.received().values()) == expected
+    finally:
+        proxy.stop()
+
+    # (b) muted: one new PID per hour, so the second PID is rejected and the client muted for
+    # up to a minute; it hangs up at once.
+    topic = unique_name("muted")
+    create_topic(broker.bootstrap, topic)
+    muted = BackgroundProxy(
+        proxy_settings(broker, quota=anonymous_quota(1, 3600), rejection={"max_mute_ms": 60_000})
+    ).start()
+    try:
+        with KafkaSocket(muted.bootstrap, timeout_s=10) as client:
+            for correlation_id, producer_id in ((1, 7001), (2, 7002)):
+                client.sendall(produce_frame(topic, producer_id, correlation_id))
+                client.recv_frame()
+            wait_until(lambda: len(connection_views(muted)) == 1, 5, "the connection")
+            (view,) = connection_views(muted).values()
+            assert view.muted
+        closed = time.monotonic()
+        wait_until(lambda: not connection_views(muted), 10, "pidgate to let the muted client go")
+        muted_noticed_s = time.monotonic() - closed
+    finally:
+        muted.stop()
+    record_figures(
+        "faults.hang_up_while_paused",
+        in_flight_limit_noticed_after_s=round(in_flight_noticed_s, 3),
+        muted_noticed_after_s=round(muted_noticed_s, 3),
+        mute_was_ms=60_000,
+    )
 
 
 def test_a_broker_too_busy_to_accept_does_not_make_pidgate_buffer_the_client() -> None:

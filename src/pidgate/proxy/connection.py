@@ -12,7 +12,8 @@ Owns the per-connection request/response pipeline:
   too many requests in flight stop reading of the client;
 - limits: a connection beyond ``proxy.max_connections`` (total) or
   ``proxy.max_connections_per_ip`` is closed at once (``ConnectionLimits``); one quiet for
-  ``proxy.idle_timeout_ms`` with no response owed is closed.
+  ``proxy.idle_timeout_ms`` with no response owed is closed; one whose reading is paused is
+  checked every second for a client hang-up (TCP state), which a paused transport cannot see.
 
 A protocol error on either side closes both connections; the process and other connections
 are unaffected.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import struct
 import time
 from collections import deque
@@ -101,17 +103,48 @@ class _Slot:
         self.observe: Callable[[memoryview], None] | None = None
 
 
+#: How often a paused client connection's socket is checked for a hang-up.
+_HANG_UP_PROBE_INTERVAL_S = 1.0
+#: Linux tcp_states.h: the peer sent FIN (CLOSE_WAIT) or the connection is gone (CLOSE).
+_TCP_CLOSE = 7
+_TCP_CLOSE_WAIT = 8
+
+
+def peer_has_hung_up(transport: asyncio.BaseTransport) -> bool:
+    """True when the client closed its side (FIN or RST seen by the kernel), whatever unread
+    data is still queued: the first byte of Linux ``TCP_INFO`` is the TCP state. False where
+    TCP_INFO is unavailable (then a paused connection is noticed when reading resumes)."""
+    sock = transport.get_extra_info("socket")
+    tcp_info = getattr(socket, "TCP_INFO", None)
+    if sock is None or tcp_info is None:
+        return False
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, tcp_info, 1)[0]
+    except (OSError, IndexError, TypeError):
+        return False
+    return state in (_TCP_CLOSE, _TCP_CLOSE_WAIT)
+
+
 class ReadGate:
     """Pauses reading a transport while any reason holds, resumes when none does."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_pause: Callable[[], None] | None = None) -> None:
         self.transport: asyncio.Transport | None = None
         self._reasons: set[str] = set()
+        #: Called when reading pauses (no reason held before this one).
+        self._on_pause = on_pause
 
     def pause(self, reason: str) -> None:
-        if not self._reasons and self.transport is not None and not self.transport.is_closing():
+        first = not self._reasons
+        if first and self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
         self._reasons.add(reason)
+        if first and self._on_pause is not None:
+            self._on_pause()
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._reasons)
 
     def resume(self, reason: str) -> None:
         if reason not in self._reasons:
@@ -198,7 +231,8 @@ class ClientConnection(asyncio.Protocol):
         self._settings = context.settings
         self._upstream_targets = upstream_targets
         self._decoder = FrameDecoder(self._settings.proxy.max_frame_bytes)
-        self._gate = ReadGate()
+        self._gate = ReadGate(on_pause=self._watch_for_hang_up)
+        self._hang_up_probe: asyncio.TimerHandle | None = None
         self._inbox: deque[bytes] = deque()
         self._slots: deque[_Slot] = deque()
         self._awaiting_upstream: deque[_Slot] = deque()
@@ -310,6 +344,34 @@ class ClientConnection(asyncio.Protocol):
             )
             self.close()
 
+    def _watch_for_hang_up(self) -> None:
+        """Reading just paused (in-flight limit, mute, backpressure, connecting): a paused
+        transport never sees the client's FIN, so look at the socket's TCP state instead, every
+        ``_HANG_UP_PROBE_INTERVAL_S`` while paused. Without this, a client that gave up on a
+        hung or slow broker (its request timeout) kept both sockets, and the broker's state for
+        them, until the broker answered."""
+        if self._hang_up_probe is None and not self.closed:
+            loop = asyncio.get_running_loop()
+            self._hang_up_probe = loop.call_later(_HANG_UP_PROBE_INTERVAL_S, self._probe_hang_up)
+
+    def _probe_hang_up(self) -> None:
+        self._hang_up_probe = None
+        if self.closed or self.transport is None or not self._gate.paused:
+            return
+        if not peer_has_hung_up(self.transport):
+            self._watch_for_hang_up()
+            return
+        self._context.log.info(
+            "client_hung_up_while_paused",
+            key=self.peer.rpartition(":")[0],
+            client=self.peer,
+            client_id=self.client_id,
+            responses_owed=len(self._slots),
+        )
+        # Kafka brokers close a connection on EOF and drop what it still owed; so do we. What
+        # was already forwarded stays forwarded; what was never read is never forwarded.
+        self.transport.abort()
+
     def data_received(self, data: bytes) -> None:
         self._last_active_s = time.monotonic()
         self._gate.enforce()  # at most this one read while paused (uvloop, see ReadGate)
@@ -342,6 +404,9 @@ class ClientConnection(asyncio.Protocol):
         if self._idle_handle is not None:
             self._idle_handle.cancel()
             self._idle_handle = None
+        if self._hang_up_probe is not None:
+            self._hang_up_probe.cancel()
+            self._hang_up_probe = None
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
         if self._upstream is not None:
