@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from pidgate.config import LoggingSettings
 from pidgate.proxy.logs import RateLimitedLog, configure_logging
+
+
+@pytest.fixture(autouse=True)
+def restore_structlog() -> Iterator[None]:
+    """structlog's configuration is process-wide: a test here that configures it (level
+    "error", or a capsys stream that is closed afterwards) must not leave it so for the tests
+    that run after it."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 def test_storm_of_rejections_is_rate_limited_per_key(capsys: pytest.CaptureFixture[str]) -> None:
