@@ -688,6 +688,29 @@ def test_reauthentication_replaces_only_on_success() -> None:
     assert obs.session_lifetime_ms == 2000
 
 
+def test_a_token_pipelined_behind_the_handshake_is_read() -> None:
+    """The client need not wait for the handshake's answer: the token still names the user,
+    also on a re-authentication (else the old principal would keep being charged)."""
+    obs = SaslObserver()
+    v1_handshake(obs, "PLAIN")
+    v1_round(obs, plain("", "alice"), b"")
+    assert obs.authenticated == SaslClaim("PLAIN", "alice")
+    obs.on_handshake_request(handshake_request("PLAIN"), 1)
+    obs.on_authenticate_request(auth_request(plain("", "bob")), 1)  # before the answer
+    obs.on_handshake_response(handshake_response(0, ("PLAIN",)), 1)
+    assert obs.on_authenticate_response(auth_response(), 1) is SaslOutcome.SUCCEEDED
+    assert obs.authenticated == SaslClaim("PLAIN", "bob")
+
+
+def test_a_pipelined_token_behind_a_refused_handshake_names_nobody() -> None:
+    obs = SaslObserver()
+    obs.on_handshake_request(handshake_request("PLAIN"), 1)
+    obs.on_authenticate_request(auth_request(plain("", "mallory")), 1)
+    obs.on_handshake_response(handshake_response(33, ("SCRAM-SHA-256",)), 1)
+    assert obs.on_authenticate_response(auth_response(), 1) is SaslOutcome.FAILED
+    assert obs.authenticated is None
+
+
 def test_builders_match_kafka_python() -> None:
     assert bytes(SaslHandshakeRequest(mechanism="PLAIN").encode(version=1)) == handshake_request(
         "PLAIN"

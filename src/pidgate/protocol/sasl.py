@@ -273,9 +273,13 @@ class SaslObserver:
                 f"malformed SaslAuthenticate v{api_version} request"
             ) from None
         ex = self._exchange
-        if ex is None or ex.raw or not ex.accepted:
+        if ex is None or ex.raw:
             # No v1 handshake before it: the broker answers ILLEGAL_SASL_STATE; nothing to learn.
             return
+        # Not waiting for the handshake's answer: a client may pipeline its token behind the
+        # handshake. Were the handshake refused, its answer (which comes first, responses are in
+        # order) ends the exchange and this token with it; ignoring the token instead would let
+        # a re-authenticating client keep being charged to its previous principal.
         self._client_token(ex, token)
 
     def on_authenticate_response(self, body: bytes | memoryview, api_version: int) -> SaslOutcome:
