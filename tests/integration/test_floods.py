@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -50,7 +50,6 @@ from typing import Any
 import confluent_kafka
 import crc32c
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
 from tests.integration.broker_log import fetch_batch_headers, producer_ids_in_log
@@ -63,6 +62,7 @@ from tests.integration.helpers import (
     record_batch,
     wait_until,
 )
+from tests.integration.metrics_text import Samples, metric, parse_samples
 from tests.integration.sasl_broker import ScriptedSaslBroker
 
 pytestmark = pytest.mark.integration
@@ -193,26 +193,8 @@ def http_get(process: PidgateProcess, path: str) -> str:
         return str(response.read().decode())
 
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
 def scrape(process: PidgateProcess) -> Samples:
-    samples: Samples = defaultdict(list)
-    for family in text_string_to_metric_families(http_get(process, "/metrics")):
-        for sample in family.samples:
-            samples[sample.name].append((dict(sample.labels), float(sample.value)))
-    return samples
-
-
-def metric(samples: Samples, name: str, **labels: str) -> float:
-    """The one sample ``name`` whose labels include ``labels``."""
-    matching = [
-        value
-        for sample_labels, value in samples.get(name, [])
-        if all(sample_labels.get(k) == v for k, v in labels.items())
-    ]
-    assert len(matching) == 1, f"{name}{labels}: {matching}"
-    return matching[0]
+    return parse_samples(http_get(process, "/metrics"))
 
 
 def protocol_errors(samples: Samples) -> dict[str, float]:

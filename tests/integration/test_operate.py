@@ -28,7 +28,6 @@ from kafka.protocol.admin.client_quotas import (
     DescribeClientQuotasRequest,
     DescribeClientQuotasResponse,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from pidgate.config import Settings
 from pidgate.demo.broker import EmbeddedBroker, free_port
@@ -53,6 +52,7 @@ from tests.integration.helpers import (
     unique_name,
     wait_until,
 )
+from tests.integration.metrics_text import Samples, metric, parse_samples
 
 pytestmark = pytest.mark.integration
 
@@ -103,29 +103,11 @@ def get_state(admin: str) -> dict[str, Any]:
     return state
 
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
 def scrape(admin: str) -> Samples:
     """Every sample of /metrics by sample name (``..._total``, ``..._count``, ...)."""
     status, text = http_get(admin, "/metrics")
     assert status == 200, text
-    samples: Samples = defaultdict(list)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample.name].append((dict(sample.labels), float(sample.value)))
-    return samples
-
-
-def metric(samples: Samples, name: str, **labels: str) -> float:
-    """The one sample called ``name`` whose labels include ``labels``."""
-    matching = [
-        value
-        for sample_labels, value in samples.get(name, [])
-        if all(sample_labels.get(k) == v for k, v in labels.items())
-    ]
-    assert len(matching) == 1, f"{name}{labels}: {matching} in {samples.get(name)}"
-    return matching[0]
+    return parse_samples(text)
 
 
 # -- Kafka requests on raw sockets ---------------------------------------------------------------
