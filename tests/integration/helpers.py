@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +30,7 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
 from pidgate.demo.broker import free_port
+from pidgate.proxy.background import BackgroundProxy
 
 _SIZE = struct.Struct(">i")
 
@@ -263,6 +266,21 @@ def wait_until(
             return
         time.sleep(step_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for: {what}")
+
+
+def http_get(address: str, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+    """(status, body) of GET http://<address><path>; error statuses are returned, not raised."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout_s) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+def admin_address(proxy: BackgroundProxy) -> str:
+    """host:port of an in-process pidgate's admin HTTP listener."""
+    listen = proxy.server.settings.admin.listen
+    return f"{listen.host}:{listen.port}"
 
 
 class PidgateProcess:

@@ -33,8 +33,6 @@ import socket
 import struct
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -54,11 +52,13 @@ from tests.integration.helpers import (
     THROTTLING_QUOTA_EXCEEDED,
     KafkaSocket,
     PidgateProcess,
+    admin_address,
     api_versions_request,
     correlation_id_of,
     create_topic,
     decode_produce,
     encode_request,
+    http_get,
     init_producer_id,
     produce_frame,
     produce_partition_errors,
@@ -75,20 +75,6 @@ _SIZE = struct.Struct(">i")
 
 
 # -- small tools ---------------------------------------------------------------------------------
-
-
-def http_get(address: str, path: str, timeout_s: float = 5.0) -> tuple[int, str]:
-    """(status, body) of GET http://<address><path>; error statuses are returned, not raised."""
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout_s) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
-
-
-def admin_address(proxy: BackgroundProxy) -> str:
-    listen = proxy.server.settings.admin.listen
-    return f"{listen.host}:{listen.port}"
 
 
 def gateway_settings(upstream: str, **proxy: Any) -> Settings:

@@ -39,7 +39,6 @@ import struct
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -55,10 +54,12 @@ from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
 from tests.integration.broker_log import fetch_batch_headers, producer_ids_in_log
 from tests.integration.figures import open_fd_count, record_figures, rss_bytes
 from tests.integration.helpers import (
+    THROTTLING_QUOTA_EXCEEDED,
     PidgateProcess,
     api_versions_request,
     create_topic,
     encode_request,
+    http_get,
     record_batch,
     wait_until,
 )
@@ -70,7 +71,6 @@ pytestmark = pytest.mark.integration
 MIB = 1 << 20
 PRODUCE, SASL_HANDSHAKE, SASL_AUTHENTICATE = 0, 17, 36
 PRODUCE_VERSION = 8
-THROTTLING_QUOTA_EXCEEDED = 89
 #: Bits of one Bloom layer of a principal whose rate is at most min_layer_items (1000) at the
 #: default false-positive rate 0.001: ceil(1000 * ln(1000) / ln(2)^2).
 LAYER_BITS = 14_378
@@ -187,14 +187,14 @@ def pidgate_process(upstream: str, config: dict[str, Any]) -> Iterator[PidgatePr
                 process.close()
 
 
-def http_get(process: PidgateProcess, path: str) -> str:
-    url = f"http://127.0.0.1:{process.admin_port}{path}"
-    with urllib.request.urlopen(url, timeout=20) as response:
-        return str(response.read().decode())
+def admin_get(process: PidgateProcess, path: str) -> str:
+    status, body = http_get(f"127.0.0.1:{process.admin_port}", path, timeout_s=20)
+    assert status == 200, (path, status, body[:500])
+    return body
 
 
 def scrape(process: PidgateProcess) -> Samples:
-    return parse_samples(http_get(process, "/metrics"))
+    return parse_samples(admin_get(process, "/metrics"))
 
 
 def protocol_errors(samples: Samples) -> dict[str, float]:
@@ -219,7 +219,7 @@ def pidgate_view(process: PidgateProcess) -> str:
 
 
 def state(process: PidgateProcess) -> dict[str, Any]:
-    answer = json.loads(http_get(process, "/state"))
+    answer = json.loads(admin_get(process, "/state"))
     assert isinstance(answer, dict)
     return answer
 

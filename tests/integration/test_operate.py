@@ -13,8 +13,6 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -41,11 +39,13 @@ from tests.integration.helpers import (
     UNSUPPORTED_VERSION,
     KafkaSocket,
     PidgateProcess,
+    admin_address,
     advertised_versions,
     create_topic,
     decode_produce,
     decode_response,
     encode_request,
+    http_get,
     init_producer_id,
     produce_frame,
     produce_partition_errors,
@@ -79,20 +79,6 @@ def operate_settings(
     return proxy_settings(
         broker, quota=quota, proxy=proxy, admin=admin, **({"state": state} if state else {})
     )
-
-
-def admin_address(proxy: BackgroundProxy) -> str:
-    listen = proxy.server.settings.admin.listen
-    return f"{listen.host}:{listen.port}"
-
-
-def http_get(admin: str, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
-    """(status, body) of GET http://<admin><path>; error statuses are returned, not raised."""
-    try:
-        with urllib.request.urlopen(f"http://{admin}{path}", timeout=timeout_s) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
 
 
 def get_state(admin: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import confluent_kafka
@@ -33,7 +33,7 @@ from pidgate.proxy.background import BackgroundProxy
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.decisions import Decisions
 from tests.integration.figures import record_figures
-from tests.integration.helpers import create_topic, unique_name
+from tests.integration.helpers import create_topic, unique_name, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -229,15 +229,6 @@ def soak_proxy(broker: EmbeddedBroker) -> Iterator[tuple[BackgroundProxy, Decisi
         running.stop()
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
 def read_back(bootstrap: str, topic: str, acked_ends: dict[int, int]) -> dict[int, list[bytes]]:
     """Every record value of ``topic``, per partition in offset order, read from the broker:
     at least up to ``acked_ends`` (one past the highest acknowledged offset per partition),
@@ -322,9 +313,9 @@ def test_a_million_acknowledged_records_survive_a_rejection_storm_exactly_once_i
             worker.start()
         # Each steady producer first gets its PID admitted (its record 0 acknowledged); then
         # the storm starts, and the bulk is sent only once the storm is being rejected.
-        assert wait_for(lambda: all(acks.acked for acks in steady), 60), "no first acks"
+        wait_until(lambda: all(acks.acked for acks in steady), 60, "every first ack")
         storm.start()
-        assert wait_for(lambda: rejection_count() > 0, 60), "the storm was never throttled"
+        wait_until(lambda: rejection_count() > 0, 60, "the storm to be throttled")
         rejections_before_bulk = rejection_count()
         go.set()
         for worker in workers:
