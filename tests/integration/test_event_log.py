@@ -63,7 +63,7 @@ def storm(bootstrap: str, topic: str) -> list[list[str]]:
 
 
 def record_run(broker: EmbeddedBroker, directory: Path) -> list[dict[str, Any]]:
-    settings = proxy_settings(broker, quota=QUOTA, rejection={"max_mute_ms": 500})
+    settings = proxy_settings(broker, quota=QUOTA, rejection={"max_throttle_time_ms": 500})
     settings = settings.model_copy(
         update={"event_log": settings.event_log.model_copy(update={"directory": directory})}
     )

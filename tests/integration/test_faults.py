@@ -681,7 +681,9 @@ def test_a_client_that_hangs_up_while_paused_is_let_go(
     topic = unique_name("muted")
     create_topic(broker.bootstrap, topic)
     muted = BackgroundProxy(
-        proxy_settings(broker, quota=anonymous_quota(1, 3600), rejection={"max_mute_ms": 60_000})
+        proxy_settings(
+            broker, quota=anonymous_quota(1, 3600), rejection={"max_throttle_time_ms": 60_000}
+        )
     ).start()
     try:
         with KafkaSocket(muted.bootstrap, timeout_s=10) as client:

@@ -841,7 +841,7 @@ def test_1m_pids_from_one_principal_are_throttled_with_bounded_memory(
             "users": {"ANONYMOUS": {"producer_ids_rate": FLOOD_RATE}},
             "max_total_bits": FLOOD_MAX_TOTAL_BITS,
         },
-        "rejection": {"max_mute_ms": 0},  # muting would only slow the flood down
+        "rejection": {"max_throttle_time_ms": 0},  # muting would only slow the flood down
     }
     with pidgate_process(broker.bootstrap, config) as gate:
         for topic in (flood_topic, marks_topic, steady_topic):

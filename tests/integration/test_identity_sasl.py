@@ -78,7 +78,7 @@ def sasl_settings(broker: ScriptedSaslBroker, **sections: Any) -> Settings:
         },
         "quota": QUOTA,
         "identity": {"sasl": True},
-        "rejection": {"max_mute_ms": 300},
+        "rejection": {"max_throttle_time_ms": 300},
         "logging": {"format": "json"},
         "admin": {"listen": f"127.0.0.1:{free_port()}"},
         **sections,

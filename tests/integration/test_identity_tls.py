@@ -98,7 +98,7 @@ def tls_settings(
                 "broker_ports": {node_id: broker_port},
             },
             "quota": QUOTA,
-            "rejection": {"max_mute_ms": 300},
+            "rejection": {"max_throttle_time_ms": 300},
             "admin": {"listen": f"127.0.0.1:{free_port()}"},
             "client_tls": {
                 "enabled": True,

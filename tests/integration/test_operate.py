@@ -207,7 +207,7 @@ def test_metrics_after_a_throttling_scenario_and_the_admin_endpoints(
     # muted connection is not read, so its client's EOF is only seen when the mute ends.
     proxy = start_proxy(
         quota=anonymous_quota(producer_ids_rate=2, window_seconds=60),
-        rejection={"max_mute_ms": 500},
+        rejection={"max_throttle_time_ms": 500},
     )
     admin = admin_address(proxy)
     topic = unique_name("metrics")

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.integration
 
 PRODUCE_VERSIONS = (3, 7, 9, 10, 11)
 # Mute after a rejection is capped short so the test does not wait out a whole window.
-SHORT_MUTE = {"max_mute_ms": 300}
+SHORT_MUTE = {"max_throttle_time_ms": 300}
 
 
 def test_pidgate_advertises_the_produce_versions_under_test(start_proxy) -> None:

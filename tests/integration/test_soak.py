@@ -220,7 +220,7 @@ def soak_proxy(broker: EmbeddedBroker) -> Iterator[tuple[BackgroundProxy, Decisi
         broker,
         quota=anonymous_quota(RATE, WINDOW_S),
         # Short mutes keep the storm churning through new PIDs.
-        rejection={"max_mute_ms": 500},
+        rejection={"max_throttle_time_ms": 500},
     )
     running = BackgroundProxy(settings, observers=(decisions,)).start()
     try:

@@ -32,6 +32,7 @@ PER_USER_FAMILIES = (
     "pidgate_bloom_false_positive_rate_estimate",
     "pidgate_producer_id_wait_seconds_max",
     "pidgate_producer_ids_waiting",
+    "pidgate_producer_ids_waiting_over_half_delivery_timeout",
     "pidgate_producer_ids_waiting_over_delivery_timeout",
 )
 
@@ -336,6 +337,7 @@ def test_kip91_wait_tracking() -> None:
     s = scrape(metrics)
     assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"alice": 130.0}
     assert per_user(s, "pidgate_producer_ids_waiting") == {"alice": 3}
+    assert per_user(s, "pidgate_producer_ids_waiting_over_half_delivery_timeout") == {"alice": 3}
     assert per_user(s, "pidgate_producer_ids_waiting_over_delivery_timeout") == {"alice": 2}
 
     metrics.on_decision(alice, REQUEST, Admitted((7, 8), 0))  # admitted: no longer waiting
@@ -347,6 +349,27 @@ def test_kip91_wait_tracking() -> None:
     s = scrape(metrics)
     assert per_user(s, "pidgate_producer_ids_waiting") == {"alice": 0}
     assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"alice": 0.0}
+
+
+def test_a_long_wait_is_reported_once_past_half_and_once_past_the_delivery_timeout() -> None:
+    reports: list[tuple[str, int, int, int]] = []
+    quota = QuotaManager(QuotaPolicy(window_ms=60_000, window_num=2, default_producer_ids_rate=1))
+    clock = Clock()
+    metrics = ProxyMetrics(quota, clock, on_long_wait=lambda *report: reports.append(report))
+    alice = context("User:alice")
+    metrics.on_decision(alice, REQUEST, Rejected(3000, (7,)))
+    for _ in range(80):  # a retry every 3 s (the capped throttle) for 240 s
+        clock.now_ms += 3_000
+        metrics.on_decision(alice, REQUEST, Rejected(3000, (7,)))
+    assert reports == [
+        ("User:alice", 7, 60_000, 60_000),
+        ("User:alice", 7, 120_000, 120_000),
+    ]
+    # A PID that never waited that long is never reported.
+    metrics.on_decision(alice, REQUEST, Rejected(3000, (8,)))
+    clock.now_ms += 59_000
+    metrics.on_decision(alice, REQUEST, Rejected(3000, (8,)))
+    assert len(reports) == 2
 
 
 def test_waits_are_per_user() -> None:

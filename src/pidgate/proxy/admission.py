@@ -30,18 +30,24 @@ def quota_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def rejection_error_code(client_software_name: str | None, table: Mapping[str, int]) -> int:
+def rejection_error_code(
+    client_software_name: str | None, table: Mapping[str, int], client_id: str | None = None
+) -> int:
     """Pick the code a client library retries without a fatal error.
 
     The table's keys match ``client_software_name`` (ApiVersions v3+) case-insensitively as
-    substrings; the longest matching key wins, ``default`` otherwise (also for clients that
-    never sent ApiVersions v3+).
+    substrings, the longest matching key winning; a client that names no software (ApiVersions
+    v0-2: aiokafka, older Java clients) is matched the same way by its ``client_id``
+    (aiokafka's default is ``aiokafka-producer-N``); ``default`` otherwise.
     """
-    if client_software_name:
-        name = client_software_name.lower()
-        matches = [key for key in table if key != "default" and key.lower() in name]
-        if matches:
-            return table[max(matches, key=len)]
+    for name in (client_software_name, client_id):
+        if name:
+            lowered = name.lower()
+            matches = [key for key in table if key != "default" and key.lower() in lowered]
+            if matches:
+                return table[max(matches, key=len)]
+            if name is client_software_name:
+                break  # a named library is what it says, whatever its client_id
     return table["default"]
 
 

@@ -53,11 +53,13 @@ from pidgate.protocol.produce import (
 from pidgate.proxy.admission import (
     ProduceContext,
     Rejected,
+    monotonic_ms,
     quota_clock_ms,
     rejection_error_code,
 )
 from pidgate.proxy.context import ProxyContext
 from pidgate.proxy.identity import UnmappablePrincipalError
+from pidgate.proxy.ordering import ProduceOrderGuard
 from pidgate.proxy.quota_admin import CLIENT_QUOTA_APIS, CLIENT_QUOTA_VERSIONS
 
 PRODUCE = 0
@@ -250,9 +252,10 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         # Per-connection values the hot path would otherwise rebuild for every Produce.
         self._produce_context: ProduceContext | None = None
-        self._rejection_error_code = rejection_error_code(
-            None, self._settings.rejection.error_codes
-        )
+        #: Batches rejected here that later in-flight batches must not overtake (ordering.py).
+        self._order_guard = ProduceOrderGuard()
+        #: When the throttle of this connection's latest rejection ends (monotonic ms).
+        self._throttled_until_ms = 0
 
     # -- asyncio.Protocol (client side) ------------------------------------------------------
 
@@ -692,10 +695,18 @@ class ClientConnection(asyncio.Protocol):
                     peer=self.peer,
                     node_id=self.node_id,
                 )
+            guard = self._order_guard
+            if guard and guard.overtakes(produce):
+                # An idempotent batch behind one rejected here: a broker would fail it too
+                # (OUT_OF_ORDER_SEQUENCE), and the client retries both in order.
+                self._hold(header.api_version, header.correlation_id, produce, context)
+                return None
             decision = self._context.gatekeeper.check(context, produce)
             if isinstance(decision, Rejected):
                 self._reject(header.api_version, header.correlation_id, produce, decision, context)
                 return None
+            if guard:
+                guard.admitted(produce)
             expects_response = produce.acks != 0
         elif header.api_key in CLIENT_QUOTA_APIS:
             return self._client_quotas(header, payload, body)
@@ -706,9 +717,6 @@ class ClientConnection(asyncio.Protocol):
         elif header.api_key == API_VERSIONS:
             self.client_software = parse_api_versions_request(body, header.api_version)
             self._produce_context = None
-            self._rejection_error_code = rejection_error_code(
-                self.client_software.name, self._settings.rejection.error_codes
-            )
         if expects_response:
             slot = _Slot(header.api_key, header.api_version, header.correlation_id)
             if header.api_key == INIT_PRODUCER_ID and self._context.event_log is not None:
@@ -777,8 +785,14 @@ class ClientConnection(asyncio.Protocol):
         decision: Rejected,
         context: ProduceContext,
     ) -> None:
+        """Answer a Produce the quota rejected: the throttle sent (and the mute) is capped by
+        ``rejection.max_throttle_time_ms`` so that a client keeps retrying within its delivery
+        budget (KIP-91) and each retry is judged again."""
         settings = self._settings.rejection
-        error_code = self._rejection_error_code
+        error_code = rejection_error_code(
+            context.client_software_name, settings.error_codes, context.client_id
+        )
+        throttle_time_ms = min(decision.throttle_time_ms, settings.max_throttle_time_ms)
         self._context.log.warning(
             "pid_throttled",
             key=context.principal,
@@ -787,18 +801,61 @@ class ClientConnection(asyncio.Protocol):
             client_software=context.client_software_name,
             peer=context.peer,
             producer_ids=list(decision.unknown_producer_ids[:10]),
-            throttle_time_ms=decision.throttle_time_ms,
+            throttle_time_ms=throttle_time_ms,
+            tokens_available_in_ms=decision.throttle_time_ms,
             error_code=error_code,
         )
+        now_ms = monotonic_ms()
+        self._order_guard.rejected(produce, now_ms)
+        self._throttled_until_ms = now_ms + throttle_time_ms
+        self._answer_rejected(api_version, correlation_id, produce, error_code, throttle_time_ms)
+        if throttle_time_ms > 0:
+            self._mute(throttle_time_ms)
+
+    def _hold(
+        self,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        context: ProduceContext,
+    ) -> None:
+        """Answer a Produce that would overtake a batch rejected on this connection, as the
+        broker would have failed it: the same code, the rest of the same throttle, no new mute
+        (the rejection it follows already muted the connection), nothing charged."""
+        settings = self._settings.rejection
+        error_code = rejection_error_code(
+            context.client_software_name, settings.error_codes, context.client_id
+        )
+        now_ms = monotonic_ms()
+        throttle_time_ms = max(0, self._throttled_until_ms - now_ms)
+        self._order_guard.rejected(produce, now_ms)
+        self._context.traffic.produce_held()
+        self._context.log.info(
+            "produce_held_for_order",
+            key=context.principal,
+            principal=context.principal,
+            client_id=context.client_id,
+            peer=context.peer,
+            producer_ids=sorted(produce.producer_ids())[:10],
+            throttle_time_ms=throttle_time_ms,
+            error_code=error_code,
+        )
+        self._answer_rejected(api_version, correlation_id, produce, error_code, throttle_time_ms)
+
+    def _answer_rejected(
+        self,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        error_code: int,
+        throttle_time_ms: int,
+    ) -> None:
         if produce.acks != 0:  # acks=0 gets no response, ever (it carries no PID anyway)
             slot = _Slot(PRODUCE, api_version, correlation_id)
             slot.response = encode_produce_rejection(
-                api_version, correlation_id, produce, error_code, decision.throttle_time_ms
+                api_version, correlation_id, produce, error_code, throttle_time_ms
             )
             self._slots.append(slot)
-        mute_ms = min(decision.throttle_time_ms, settings.max_mute_ms)
-        if mute_ms > 0:
-            self._mute(mute_ms)
 
     def _mute(self, mute_ms: int) -> None:
         # KIP-219: answer at once, then stop reading the connection for the throttle time.

@@ -168,6 +168,7 @@ class ProxyMetrics:
         max_waiting_pids: int = 100_000,
         delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS_DEFAULT,
         wait_forget_ms: int = 2 * 5 * 60_000,
+        on_long_wait: Callable[[str, int, int, int], None] | None = None,
     ) -> None:
         if max_user_labels < 1:
             raise ValueError(f"max_user_labels must be >= 1, got {max_user_labels}")
@@ -185,6 +186,9 @@ class ProxyMetrics:
         # setting (5 min) covers clients that raised it, after which a PID still "waiting" is a
         # producer that gave up or went away, and keeping it would only hold memory.
         self._wait_forget_ms = wait_forget_ms
+        #: Told (principal, producer_id, waited_ms, threshold_ms) once when a rejected PID is
+        #: rejected again past half of delivery.timeout.ms, and once past all of it (the log).
+        self._on_long_wait = on_long_wait
 
         # -- traffic (hot path: list index += int) --
         slots = _API_SLOTS + 1
@@ -199,6 +203,7 @@ class ProxyMetrics:
         self._protocol_errors: dict[str, int] = {}
         self._config_reloads = {"success": 0, "failure": 0}
         self._observer_errors = 0
+        self._produce_held = 0
 
         # -- per user --
         # Least recently seen first, so idle users are popped from the front in O(1).
@@ -207,8 +212,9 @@ class ProxyMetrics:
         self._other_used = False
         self._producer_ids_refreshed = 0
 
-        # -- KIP-91: (user label key, PID) -> first rejection, oldest first --
-        self._waiting: OrderedDict[tuple[str, int], int] = OrderedDict()
+        # -- KIP-91: (user label key, PID) -> [first rejection ms, thresholds reported], oldest
+        # first --
+        self._waiting: OrderedDict[tuple[str, int], list[int]] = OrderedDict()
         self._waits_dropped = 0
 
         self._registry = CollectorRegistry(auto_describe=False)
@@ -258,6 +264,11 @@ class ProxyMetrics:
     def config_reloaded(self, ok: bool) -> None:
         self._config_reloads["success" if ok else "failure"] += 1
 
+    def produce_held(self) -> None:
+        """A Produce was answered as rejected because it would have overtaken a rejected batch
+        of the same producer and partition (``ordering.py``)."""
+        self._produce_held += 1
+
     def observer_error(self) -> None:
         """A DecisionObserver raised (``Gatekeeper``'s ``on_observer_error``)."""
         self._observer_errors += 1
@@ -286,12 +297,27 @@ class ProxyMetrics:
             self._forget_old_waits(now)
             for pid in decision.unknown_producer_ids:
                 wait_key = (key, pid)
-                if wait_key in waiting:
-                    continue  # a retry: the wait started at the first rejection
+                wait = waiting.get(wait_key)
+                if wait is not None:  # a retry: the wait started at the first rejection
+                    if self._on_long_wait is not None:
+                        self._report_long_wait(context.principal, pid, wait, now)
+                    continue
                 if len(waiting) >= self._max_waiting_pids:
                     waiting.popitem(last=False)
                     self._waits_dropped += 1
-                waiting[wait_key] = now
+                waiting[wait_key] = [now, 0]
+
+    def _report_long_wait(self, principal: str, pid: int, wait: list[int], now: int) -> None:
+        """KIP-91: say so once when a PID has waited half of delivery.timeout.ms (the operator
+        can still raise the quota before records fail) and once when it has waited all of it."""
+        waited_ms = now - wait[0]
+        for level, threshold_ms in enumerate(
+            (self._delivery_timeout_ms // 2, self._delivery_timeout_ms), start=1
+        ):
+            if wait[1] < level and waited_ms >= threshold_ms:
+                wait[1] = level
+                assert self._on_long_wait is not None
+                self._on_long_wait(principal, pid, waited_ms, threshold_ms)
 
     def _user(self, key: str, now: int) -> _User:
         users = self._users
@@ -324,7 +350,7 @@ class ProxyMetrics:
         waiting = self._waiting
         horizon = now - self._wait_forget_ms
         while waiting:
-            first_ms = next(iter(waiting.values()))
+            first_ms = next(iter(waiting.values()))[0]
             if first_ms > horizon:
                 break
             waiting.popitem(last=False)
@@ -457,14 +483,18 @@ class ProxyMetrics:
         oldest: dict[str, int] = {}
         count: dict[str, int] = {}
         over: dict[str, int] = {}
+        over_half: dict[str, int] = {}
         late = now - self._delivery_timeout_ms
-        for (key, _pid), first_ms in self._waiting.items():  # oldest first
+        half_late = now - self._delivery_timeout_ms // 2
+        for (key, _pid), (first_ms, _) in self._waiting.items():  # oldest first
             label = key if key in users else OTHER_USER
             if label not in oldest:
                 oldest[label] = first_ms
             count[label] = count.get(label, 0) + 1
-            if first_ms < late:
-                over[label] = over.get(label, 0) + 1
+            if first_ms < half_late:
+                over_half[label] = over_half.get(label, 0) + 1
+                if first_ms < late:
+                    over[label] = over.get(label, 0) + 1
         wait_max = GaugeMetricFamily(
             "pidgate_producer_id_wait_seconds_max",
             "Longest time a currently rejected producer ID has been waiting since its first "
@@ -474,6 +504,12 @@ class ProxyMetrics:
         waiting = GaugeMetricFamily(
             "pidgate_producer_ids_waiting",
             "Producer IDs rejected and not admitted since",
+            labels=["user"],
+        )
+        waiting_over_half = GaugeMetricFamily(
+            "pidgate_producer_ids_waiting_over_half_delivery_timeout",
+            "Rejected producer IDs waiting longer than half of delivery.timeout.ms (KIP-91, "
+            "120 s by default): raise the quota now, or their clients soon fail records",
             labels=["user"],
         )
         waiting_over = GaugeMetricFamily(
@@ -489,9 +525,11 @@ class ProxyMetrics:
             first = oldest.get(label)
             wait_max.add_metric([label], 0.0 if first is None else (now - first) / 1000)
             waiting.add_metric([label], count.get(label, 0))
+            waiting_over_half.add_metric([label], over_half.get(label, 0))
             waiting_over.add_metric([label], over.get(label, 0))
         yield wait_max
         yield waiting
+        yield waiting_over_half
         yield waiting_over
         yield CounterMetricFamily(
             "pidgate_producer_id_waits_dropped",
@@ -574,6 +612,13 @@ class ProxyMetrics:
         for result, n in self._config_reloads.items():
             reloads.add_metric([result], n)
         yield reloads
+        yield CounterMetricFamily(
+            "pidgate_produce_requests_held",
+            "Produce requests answered as rejected, without asking the quota, because they would "
+            "have overtaken a rejected batch of the same producer and partition (the client "
+            "retries them in order behind it)",
+            value=self._produce_held,
+        )
         yield CounterMetricFamily(
             "pidgate_observer_errors",
             "Exceptions raised by decision observers (metrics, event log); requests unaffected",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from pidgate.proxy.event_log import EventLog
 from pidgate.proxy.http import AdminHttpServer
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog, get_logger
-from pidgate.proxy.metrics import ProxyMetrics
+from pidgate.proxy.metrics import DELIVERY_TIMEOUT_MS_DEFAULT, ProxyMetrics
 from pidgate.proxy.quota_admin import QuotaAdmin, entity_key
 from pidgate.proxy.quota_control import (
     open_quota_control,
@@ -76,20 +77,43 @@ class DecisionCounters:
                 self.rejected_producer_ids.update(decision.unknown_producer_ids)
 
 
+def _log_long_wait(
+    log: RateLimitedLog, principal: str, producer_id: int, waited_ms: int, threshold_ms: int
+) -> None:
+    """KIP-91: a throttled producer gives its records up after delivery.timeout.ms (120 s by
+    default); say when one of its PIDs has waited half of that, and when all of it."""
+    past = "delivery_timeout" if threshold_ms >= DELIVERY_TIMEOUT_MS_DEFAULT else "half"
+    log.warning(
+        "producer_id_throttled_past_delivery_timeout"
+        if past == "delivery_timeout"
+        else "producer_id_throttled_past_half_delivery_timeout",
+        key=principal,
+        principal=principal,
+        producer_id=producer_id,
+        waited_ms=waited_ms,
+        delivery_timeout_ms=DELIVERY_TIMEOUT_MS_DEFAULT,
+        hint="clients fail records after delivery.timeout.ms: raise producer_ids_rate for this "
+        "user if these producers are legitimate",
+    )
+
+
 class ProxyServer:
     def __init__(self, settings: Settings, observers: tuple[DecisionObserver, ...] = ()) -> None:
         self.settings = settings
         self.counters = DecisionCounters()
         self.quota_control = open_quota_control(settings, quota_clock_ms)
         self.quota = self.quota_control.manager
-        self.metrics = ProxyMetrics(
-            self.quota, quota_clock_ms, max_user_labels=settings.admin.max_user_labels
-        )
-        self.event_log = self._open_event_log(settings)
         log = RateLimitedLog(
             max_events=settings.logging.rate_limit_events,
             interval_ms=settings.logging.rate_limit_interval_ms,
         )
+        self.metrics = ProxyMetrics(
+            self.quota,
+            quota_clock_ms,
+            max_user_labels=settings.admin.max_user_labels,
+            on_long_wait=functools.partial(_log_long_wait, log),
+        )
+        self.event_log = self._open_event_log(settings)
         self.router = Router(settings.proxy, self._open_broker_listener)
         self.context = ProxyContext(
             settings=settings,
