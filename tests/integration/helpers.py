@@ -34,7 +34,10 @@ from pidgate.proxy.background import BackgroundProxy
 
 _SIZE = struct.Struct(">i")
 
-#: Error code pidgate answers a throttled Produce with by default (THROTTLING_QUOTA_EXCEEDED).
+#: Error code pidgate answers a throttled Produce with when it cannot tell the client library
+#: (raw sockets here): NOT_ENOUGH_REPLICAS, which every client retries.
+REJECTED_DEFAULT = 19
+#: What kafka-python gets (it retries it): THROTTLING_QUOTA_EXCEEDED.
 THROTTLING_QUOTA_EXCEEDED = 89
 UNSUPPORTED_VERSION = 35
 PRODUCE_KEY = 0

@@ -49,7 +49,7 @@ from pidgate.proxy.connection import ClientConnection
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.figures import open_fd_count, record_figures, rss_bytes
 from tests.integration.helpers import (
-    THROTTLING_QUOTA_EXCEEDED,
+    REJECTED_DEFAULT,
     KafkaSocket,
     PidgateProcess,
     admin_address,
@@ -1020,7 +1020,7 @@ def test_sigterm_under_load(broker: EmbeddedBroker, tmp_path: Path) -> None:
         with KafkaSocket(first.bootstrap) as conn:
             conn.sendall(produce_frame(topic, fresh, 9))
             assert produce_partition_errors(decode_produce(conn.recv_frame(), 8)) == [
-                THROTTLING_QUOTA_EXCEEDED
+                REJECTED_DEFAULT
             ]
 
         signalled = time.monotonic()
@@ -1050,7 +1050,7 @@ def test_sigterm_under_load(broker: EmbeddedBroker, tmp_path: Path) -> None:
         with KafkaSocket(second.bootstrap) as conn:
             conn.sendall(produce_frame(topic, fresh, 10))
             assert produce_partition_errors(decode_produce(conn.recv_frame(), 8)) == [
-                THROTTLING_QUOTA_EXCEEDED
+                REJECTED_DEFAULT
             ]
 
         stop.set()

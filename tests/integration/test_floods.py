@@ -54,7 +54,7 @@ from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
 from tests.integration.broker_log import fetch_batch_headers, producer_ids_in_log
 from tests.integration.figures import open_fd_count, record_figures, rss_bytes
 from tests.integration.helpers import (
-    THROTTLING_QUOTA_EXCEEDED,
+    REJECTED_DEFAULT,
     PidgateProcess,
     api_versions_request,
     create_topic,
@@ -767,7 +767,7 @@ class FloodTally:
         with self.lock:
             self.answered += 1
             self.codes[error_code] += 1
-            if error_code == THROTTLING_QUOTA_EXCEEDED:
+            if error_code == REJECTED_DEFAULT:
                 self.rejected += 1
             else:
                 self.forwarded.append(request)

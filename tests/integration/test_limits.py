@@ -26,7 +26,7 @@ from pidgate.proxy.background import BackgroundProxy
 from pidgate.quota.manager import Decision
 from tests.integration.conftest import anonymous_quota
 from tests.integration.helpers import (
-    THROTTLING_QUOTA_EXCEEDED,
+    REJECTED_DEFAULT,
     KafkaSocket,
     api_versions_request,
     create_topic,
@@ -154,6 +154,6 @@ def test_quota_failure_policy_end_to_end(start_proxy: StartProxy, policy: str) -
         assert errors == [0]
         assert response.throttle_time_ms == 0
     else:
-        assert errors == [THROTTLING_QUOTA_EXCEEDED]
+        assert errors == [REJECTED_DEFAULT]
         assert response.throttle_time_ms == 1500
     assert protocol_errors(gate, "quota_failure") == 1

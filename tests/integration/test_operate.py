@@ -35,7 +35,7 @@ from pidgate.proxy.admission import Admitted, ProduceContext, Rejected
 from pidgate.proxy.background import BackgroundProxy
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.helpers import (
-    THROTTLING_QUOTA_EXCEEDED,
+    REJECTED_DEFAULT,
     UNSUPPORTED_VERSION,
     KafkaSocket,
     PidgateProcess,
@@ -393,7 +393,7 @@ def test_client_quota_apis_change_and_read_producer_ids_rate(
     # The next new PID takes the one token; the one after is throttled.
     assert produce_once(address, topic, new_pid()) == 0
     throttled = new_pid()
-    assert produce_once(address, topic, throttled) == THROTTLING_QUOTA_EXCEEDED
+    assert produce_once(address, topic, throttled) == REJECTED_DEFAULT
 
     # Bad values get the broker's INVALID_REQUEST with a message, and change nothing.
     for version in (0, 1):
@@ -412,7 +412,7 @@ def test_client_quota_apis_change_and_read_producer_ids_rate(
     )
     assert code == UNSUPPORTED_VERSION and message, message
     assert describe_quotas(address, MATCH_EXACT, "ANONYMOUS") == {"ANONYMOUS": {RATE_KEY: 1.0}}
-    assert produce_once(address, topic, throttled) == THROTTLING_QUOTA_EXCEEDED
+    assert produce_once(address, topic, throttled) == REJECTED_DEFAULT
 
     # The default user entity (entity_name null).
     assert alter_quotas(address, [(None, [rate_op(7)])], version=0) == [(0, None, [("user", None)])]
@@ -452,7 +452,7 @@ def test_throttled_principal_and_known_pids_survive_a_restart(
         known = init_producer_id(first.bootstrap)[0]
         throttled = init_producer_id(first.bootstrap)[0]
         assert produce_once(first.bootstrap, topic, known) == 0
-        assert produce_once(first.bootstrap, topic, throttled) == THROTTLING_QUOTA_EXCEEDED
+        assert produce_once(first.bootstrap, topic, throttled) == REJECTED_DEFAULT
         assert alter_quotas(first.bootstrap, [("alice", [rate_op(3)])]) == [
             (0, None, [("user", "alice")])
         ]
@@ -462,7 +462,7 @@ def test_throttled_principal_and_known_pids_survive_a_restart(
 
     with BackgroundProxy(operate_settings(broker, quota=quota, state=state)) as second:
         # Still throttled, and the PID it knew is still known (no token needed).
-        assert produce_once(second.bootstrap, topic, throttled) == THROTTLING_QUOTA_EXCEEDED
+        assert produce_once(second.bootstrap, topic, throttled) == REJECTED_DEFAULT
         assert produce_once(second.bootstrap, topic, known, base_sequence=1) == 0
         assert second.server.counters.new_producer_ids_admitted == 0
         # The runtime override survived too; the config file's quota is still in force.
@@ -506,7 +506,7 @@ def test_corrupt_state_file_starts_clean_with_a_warning(
         # Started clean: a full bucket, so the first new PID is admitted and the next is not.
         assert produce_once(process.bootstrap, topic, init_producer_id(process.bootstrap)[0]) == 0
         second = init_producer_id(process.bootstrap)[0]
-        assert produce_once(process.bootstrap, topic, second) == THROTTLING_QUOTA_EXCEEDED
+        assert produce_once(process.bootstrap, topic, second) == REJECTED_DEFAULT
         # And the periodic save replaced the corrupt file with a good one.
         wait_until(state_path.is_file, 5, "state file rewritten")
         assert process.terminate() == 0
@@ -556,7 +556,7 @@ def test_sighup_reloads_quotas_and_keeps_the_old_config_when_the_file_is_broken(
         # The new limit is in force: one new PID, then throttled.
         assert produce_once(process.bootstrap, topic, init_producer_id(process.bootstrap)[0]) == 0
         throttled = init_producer_id(process.bootstrap)[0]
-        assert produce_once(process.bootstrap, topic, throttled) == THROTTLING_QUOTA_EXCEEDED
+        assert produce_once(process.bootstrap, topic, throttled) == REJECTED_DEFAULT
 
         # A broken file (bad YAML, then an invalid value): the old config stays, still running.
         for broken in ("quota: [unclosed\n", quota_config(1).replace(": 1}", ": -3}")):
@@ -574,7 +574,7 @@ def test_sighup_reloads_quotas_and_keeps_the_old_config_when_the_file_is_broken(
         assert reloads("success") == 1
         failed = [e for e in process.log_events() if e.get("event") == "config_reload_failed"]
         assert len(failed) == 2 and all(e["level"] == "error" for e in failed)
-        assert produce_once(process.bootstrap, topic, throttled) == THROTTLING_QUOTA_EXCEEDED
+        assert produce_once(process.bootstrap, topic, throttled) == REJECTED_DEFAULT
         assert process.terminate() == 0
     finally:
         process.close()
@@ -603,7 +603,7 @@ def test_a_storm_of_rejections_writes_a_bounded_number_of_log_lines(
             for i in range(storm)
         ]
         elapsed = time.monotonic() - started
-        assert codes == [THROTTLING_QUOTA_EXCEEDED] * storm
+        assert codes == [REJECTED_DEFAULT] * storm
         samples = scrape(f"127.0.0.1:{process.admin_port}")
         assert metric(samples, "pidgate_produce_requests_rejected_total", user="ANONYMOUS") == storm
 

@@ -20,7 +20,7 @@ from pidgate.proxy.background import BackgroundProxy
 from tests.integration.conftest import anonymous_quota
 from tests.integration.helpers import (
     PRODUCE_KEY,
-    THROTTLING_QUOTA_EXCEEDED,
+    REJECTED_DEFAULT,
     KafkaSocket,
     advertised_versions,
     api_versions_request,
@@ -115,7 +115,7 @@ def test_pipelined_responses_keep_request_order_around_a_rejection(
     rejected_response = decode_produce(rejected, version)
     assert rejected_response.header.correlation_id == 103
     assert [t.name for t in rejected_response.responses] == [topic]
-    assert produce_partition_errors(rejected_response) == [THROTTLING_QUOTA_EXCEEDED]
+    assert produce_partition_errors(rejected_response) == [REJECTED_DEFAULT]
     assert rejected_response.throttle_time_ms > 0
 
     second_response = decode_produce(second, version)
