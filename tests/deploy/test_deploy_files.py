@@ -60,7 +60,9 @@ CONTRACT_METRICS = frozenset(
         "pidgate_config_reloads_total",
         "pidgate_protocol_errors_total",
         "pidgate_producer_id_wait_seconds_max",
+        "pidgate_producer_ids_waiting_over_half_delivery_timeout",
         "pidgate_producer_ids_waiting_over_delivery_timeout",
+        "pidgate_produce_requests_held_total",
     }
 )
 _HISTOGRAMS = frozenset({"pidgate_upstream_latency_seconds"})
