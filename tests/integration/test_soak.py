@@ -10,7 +10,11 @@ from the broker itself, not through pidgate, and checked:
 * the steady producers saw no error at all (their PIDs are known after their first batch, and
   known PIDs are always forwarded, KIP-936);
 * the storm really was throttled (pidgate rejected Produce requests while the soak ran), and a
-  storm record that was acknowledged is present exactly once, one that was not at most once.
+  storm record that was acknowledged is present exactly once, one that was not at most once;
+* a raw idempotent client pipelining five batches per connection, with a new PID each round,
+  competes with the storm for tokens: its first batch is often rejected with four behind it and
+  a token may free before they are judged (issue "order"). The broker never answers it with a
+  sequence error, and its acknowledged batches are in the log once each, in sequence order.
 
 Bounded: the steady producers stop at their record count, the storm at a producer count or when
 the soak ends, and every wait has a deadline.
@@ -33,7 +37,18 @@ from pidgate.proxy.background import BackgroundProxy
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.decisions import Decisions
 from tests.integration.figures import record_figures
-from tests.integration.helpers import create_topic, unique_name, wait_until
+from tests.integration.helpers import (
+    REJECTED_DEFAULT,
+    KafkaSocket,
+    create_topic,
+    decode_produce,
+    encode_request,
+    init_producer_id,
+    produce_request,
+    record_batch,
+    unique_name,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -213,6 +228,78 @@ class Storm:
             producer.flush(3)
 
 
+#: Rounds of the pipelining client (one new PID and five batches each), at most.
+MAX_PIPELINE_ROUNDS = 200
+PIPELINE_DEPTH = 5
+
+
+@dataclass
+class Pipeliner:
+    """A raw idempotent client: per round a new PID and five batches pipelined on one
+    connection to partition 0; what is rejected is resent in order after the throttle, as a
+    client with max.in.flight 5 does, until acknowledged or the round's deadline."""
+
+    bootstrap: str
+    topic: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    #: pid -> sequences acknowledged, in the order the acknowledgements arrived.
+    acked: dict[int, list[int]] = field(default_factory=dict)
+    error_codes: Counter[int] = field(default_factory=Counter)
+    out_of_order: list[str] = field(default_factory=list)
+    last_offset: int = -1
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def finish(self, timeout_s: float) -> bool:
+        self.stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        for _ in range(MAX_PIPELINE_ROUNDS):
+            if self.stop.is_set():
+                return
+            self._round(*init_producer_id(self.bootstrap))
+
+    def _round(self, pid: int, epoch: int) -> None:
+        pending = list(range(PIPELINE_DEPTH))
+        correlation_id = 0
+        deadline = time.monotonic() + 20
+        with KafkaSocket(self.bootstrap, timeout_s=30) as conn:
+            while pending and not self.stop.is_set() and time.monotonic() < deadline:
+                frames = []
+                for sequence in pending:
+                    correlation_id += 1
+                    batch = record_batch(
+                        pid, epoch, sequence, value_prefix=b"pipe-%d-%d-" % (pid, sequence)
+                    )
+                    frames.append(
+                        encode_request(produce_request(8, self.topic, batch), 8, correlation_id)
+                    )
+                conn.sendall(b"".join(frames))
+                failed: list[int] = []
+                throttle_ms = 0
+                for sequence in pending:
+                    response = decode_produce(conn.recv_frame(), 8)
+                    answer = response.responses[0].partition_responses[0]
+                    self.error_codes[answer.error_code] += 1
+                    if answer.error_code != 0:
+                        failed.append(sequence)
+                        throttle_ms = max(throttle_ms, response.throttle_time_ms)
+                        continue
+                    if failed:
+                        self.out_of_order.append(f"PID {pid}: {sequence} acked after {failed}")
+                    self.acked.setdefault(pid, []).append(sequence)
+                    self.last_offset = max(self.last_offset, answer.base_offset)
+                pending = failed
+                if pending:
+                    time.sleep(min(throttle_ms, 1000) / 1000 + 0.01)
+
+
 @pytest.fixture
 def soak_proxy(broker: EmbeddedBroker) -> Iterator[tuple[BackgroundProxy, Decisions]]:
     decisions = Decisions()
@@ -303,6 +390,7 @@ def test_a_million_acknowledged_records_survive_a_rejection_storm_exactly_once_i
         )
     ]
     storm = Storm(proxy.bootstrap, topic)
+    pipeliner = Pipeliner(proxy.bootstrap, topic)
 
     def rejection_count() -> int:
         return sum(1 for _, admitted, _ in decisions.events if not admitted)
@@ -315,6 +403,7 @@ def test_a_million_acknowledged_records_survive_a_rejection_storm_exactly_once_i
         # the storm starts, and the bulk is sent only once the storm is being rejected.
         wait_until(lambda: all(acks.acked for acks in steady), 60, "every first ack")
         storm.start()
+        pipeliner.start()
         wait_until(lambda: rejection_count() > 0, 60, "the storm to be throttled")
         rejections_before_bulk = rejection_count()
         go.set()
@@ -324,9 +413,11 @@ def test_a_million_acknowledged_records_survive_a_rejection_storm_exactly_once_i
     finally:
         go.set()
         storm_stopped = storm.finish(30)
+        pipeliner_stopped = pipeliner.finish(60)
     produce_seconds = time.monotonic() - started
     assert not any(worker.is_alive() for worker in workers), "a steady producer hung"
     assert storm_stopped, "the storm did not stop"
+    assert pipeliner_stopped, "the pipelining client did not stop"
 
     for acks in steady:
         assert acks.errors == [], (acks.name, acks.errors[:5])
@@ -344,14 +435,20 @@ def test_a_million_acknowledged_records_survive_a_rejection_storm_exactly_once_i
         partition: max(acks.last_offsets.get(partition, -1) for acks in steady) + 1
         for partition in range(PARTITIONS)
     }
+    acked_ends[0] = max(acked_ends[0], pipeliner.last_offset + 1)
     log = read_back(broker.bootstrap, topic, acked_ends)
     read_seconds = time.monotonic() - read_started
 
     occurrences: Counter[bytes] = Counter()
     sequences: dict[tuple[int, str], list[int]] = defaultdict(list)
+    pipelined: dict[int, list[int]] = defaultdict(list)  # pid -> sequences in log order
     for partition, values in log.items():
         for value in values:
             occurrences[value] += 1
+            if value.startswith(b"pipe-"):
+                _, pid, sequence, _ = value.split(b"-")
+                pipelined[int(pid)].append(int(sequence))
+                continue
             name, _, sequence = value.decode().partition(":")
             sequences[(partition, name)].append(int(sequence))
 
@@ -367,6 +464,16 @@ def test_a_million_acknowledged_records_survive_a_rejection_storm_exactly_once_i
             assert len(in_log) == len(acks.acked) // PARTITIONS + (
                 partition < len(acks.acked) % PARTITIONS
             )
+
+    # The pipelining client: only pidgate's rejection code and successes, never a sequence error
+    # from the broker; what was acknowledged is in the log once, in sequence order.
+    assert set(pipeliner.error_codes) <= {0, REJECTED_DEFAULT}, pipeliner.error_codes
+    assert pipeliner.out_of_order == []
+    assert pipeliner.error_codes[REJECTED_DEFAULT] > 0  # it was throttled, with batches behind
+    assert all(sequences == sorted(sequences) for sequences in pipelined.values())
+    assert {pid: sorted(seqs) for pid, seqs in pipelined.items()} == {
+        pid: sorted(seqs) for pid, seqs in pipeliner.acked.items()
+    }
 
     storm_in_log = {value for value in occurrences if value.startswith(b"storm:")}
     assert storm.acked <= storm_in_log, "an acknowledged storm record is missing"
@@ -389,5 +496,8 @@ def test_a_million_acknowledged_records_survive_a_rejection_storm_exactly_once_i
         rejected_produce_requests=len(rejections),
         rejected_during_bulk=rejections_during_bulk,
         admitted_new_pids=len(admitted_new_pids),
+        pipelined_rounds_acked=len(pipeliner.acked),
+        pipelined_rejections=pipeliner.error_codes[REJECTED_DEFAULT],
+        held_for_order=proxy.call_and_wait(lambda: proxy.server.metrics.produce_held_count),
         rejected_new_pids=len({pid for event in rejections for pid in event[2]}),
     )

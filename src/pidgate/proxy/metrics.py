@@ -269,6 +269,10 @@ class ProxyMetrics:
         of the same producer and partition (``ordering.py``)."""
         self._produce_held += 1
 
+    @property
+    def produce_held_count(self) -> int:
+        return self._produce_held
+
     def observer_error(self) -> None:
         """A DecisionObserver raised (``Gatekeeper``'s ``on_observer_error``)."""
         self._observer_errors += 1
