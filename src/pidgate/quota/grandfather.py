@@ -127,3 +127,8 @@ class Enforcement:
         else:
             self.mode, self.frontier = FRONTIER, frontier
         self.reason = reason
+
+    def disable(self, reason: str) -> None:
+        """No grandfathering for this enforcement (grace 0, or nobody it could concern)."""
+        if self.mode == PENDING:
+            self.mode, self.frontier, self.reason = OFF, None, reason
