@@ -444,3 +444,21 @@ def test_tansu_allocates_pids_from_one_increasing_counter(broker: EmbeddedBroker
     result = probe_frontier([broker.bootstrap])
     assert result.per_broker == {TANSU_NODE_ID: (first + 111, first + 112)}
     assert result.frontier == first + 111
+
+
+def test_the_probe_uses_the_shared_store_sasl_settings_and_fails_loudly_without_them() -> None:
+    """A SASL_PLAINTEXT upstream (scripted, tansu has no SASL): without credentials there is no
+    frontier (learning mode, with the reason); with the shared store's ``security`` settings the
+    probe authenticates and learns it."""
+    with ScriptedSaslBroker({"pidgate": "pw-probe"}, mechanisms=("PLAIN",)) as broker:
+        without = probe_frontier([broker.bootstrap], timeout_ms=1500)
+        assert without.frontier is None and without.reason, without
+        security = {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "PLAIN",
+            "sasl_plain_username": "pidgate",
+            "sasl_plain_password": "pw-probe",
+        }
+        with_credentials = probe_frontier([broker.bootstrap], security=security)
+        assert with_credentials.frontier == 1000, with_credentials  # the broker's first PID
+        assert ("pidgate", "PLAIN", True) in {tuple(e) for e in broker.auth_log}
