@@ -133,7 +133,7 @@ class ProxyServer:
         self._reloading: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
         self._shared_store: SharedQuotaStore | None = None
-        self._probes: set[asyncio.Task[None]] = set()
+        self._probes: set[asyncio.Future[None]] = set()
         self._prober = FrontierProber(
             [str(upstream) for upstream in settings.proxy.upstream],
             security=dict(settings.shared_store.security),
@@ -464,8 +464,12 @@ class ProxyServer:
         if cause == "start" and (
             policy.default_producer_ids_rate is None and not policy.user_producer_ids_rates
         ):
-            # Nobody is limited: a later change that limits someone probes then.
+            # Nobody is limited: a later change that limits someone probes then, over a
+            # connection made now so that the probe follows the change closely.
             enforcement.disable("no principal limited at start")
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._prober.warm))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
             return
         try:
             result = await asyncio.to_thread(self._prober.probe)
