@@ -450,9 +450,12 @@ class ProxyServer:
     def _enforcement_began(self, enforcement: Enforcement) -> None:
         """A policy change made principals limited (on the event loop): probe the frontier now;
         until it answers (milliseconds), their unknown PIDs are admitted as in learning mode."""
-        task = asyncio.get_running_loop().create_task(
-            self._resolve_enforcement(enforcement, "quota_change")
-        )
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # changed from outside the loop (tests): nothing can probe
+            enforcement.resolve(None, "quota changed outside the event loop: no probe")
+            return
+        task = loop.create_task(self._resolve_enforcement(enforcement, "quota_change"))
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
