@@ -462,3 +462,12 @@ def test_the_probe_uses_the_shared_store_sasl_settings_and_fails_loudly_without_
         with_credentials = probe_frontier([broker.bootstrap], security=security)
         assert with_credentials.frontier == 1000, with_credentials  # the broker's first PID
         assert ("pidgate", "PLAIN", True) in {tuple(e) for e in broker.auth_log}
+
+
+def test_an_unreachable_cluster_gives_no_frontier_within_the_timeout() -> None:
+    """Nothing listens on the port (bound, never accepting would be a hang; refused is the
+    common case): no frontier, a reason, and the probe keeps to its time limit."""
+    started = time.monotonic()
+    result = probe_frontier([f"127.0.0.1:{free_port()}"], timeout_ms=800)
+    assert result.frontier is None and result.reason.startswith("cannot reach"), result
+    assert time.monotonic() - started < 5

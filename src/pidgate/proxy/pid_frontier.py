@@ -91,12 +91,6 @@ class FrontierProber:
                 )
             return self._admin
 
-    def warm(self) -> None:
-        """Connect (bootstrap) without allocating anything, so a later probe costs only its
-        round trips; failures are left for the probe to report."""
-        with contextlib.suppress(Exception):
-            self._client()
-
     def close(self) -> None:
         with self._lock:
             admin, self._admin = self._admin, None

@@ -467,12 +467,9 @@ class ProxyServer:
         if cause == "start" and (
             policy.default_producer_ids_rate is None and not policy.user_producer_ids_rates
         ):
-            # Nobody is limited: a later change that limits someone probes then, over a
-            # connection made now so that the probe follows the change closely.
+            # Nobody is limited: a later change that limits someone probes then. (No
+            # connection is made before that: pidgate talks to the brokers only for clients.)
             enforcement.disable("no principal limited at start")
-            task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._prober.warm))
-            self._probes.add(task)
-            task.add_done_callback(self._probes.discard)
             return
         try:
             result = await asyncio.to_thread(self._prober.probe)
