@@ -210,3 +210,20 @@ def test_a_version_1_state_file_still_loads(tmp_path: Path) -> None:
     assert report.principals_restored == 1
     assert restored.admit(USER, [42], T0 + 2) == Admitted((), 0)  # still known: no token
     assert restored.snapshot(T0 + 2)[0].grandfather_mode == OFF
+
+
+def test_a_later_activation_wins_over_an_earlier_eviction() -> None:
+    manager = started(frontier=1000, rate=1, max_principals=1, default_producer_ids_rate=1)
+    assert manager.admit(USER, [10], T0) == Admitted((), 0, grandfathered_producer_ids=(10,))
+    manager.admit("User:bob", [2000], T0 + 10)  # evicts alice (her frontier: 1000)
+    unlimited = QuotaPolicy(
+        window_ms=WINDOW_MS, window_num=11, max_principals=1, default_producer_ids_rate=None
+    )
+    assert manager.update_policy(unlimited, T0 + 20) is None
+    activated = manager.update_policy(policy(rate=1, max_principals=1), T0 + 30)
+    assert activated is not None
+    activated.resolve(5000, "probed")
+    # 3000 predates the activation's frontier: free, though above the evicted one's.
+    assert manager.admit(USER, [3000], T0 + 40) == Admitted(
+        (), 0, grandfathered_producer_ids=(3000,)
+    )

@@ -192,17 +192,19 @@ class QuotaManager:
     def _enforcement_for_new(self, principal: str, now_ms: int) -> Enforcement | None:
         """The enforcement of a limited principal that has no state: the latest moment it
         became limited (eviction, a policy change it was unlimited before, or the start)."""
-        evicted = self._evicted_enforcement.get(principal)
-        if evicted is not None and evicted.in_grace(now_ms):
-            return evicted
+        latest = self._baseline
         for previous, enforcement in reversed(self._activations):
             if previous.rate_for(principal) is None:
-                return enforcement
-        return self._baseline
+                latest = enforcement
+                break
+        evicted = self._evicted_enforcement.get(principal)
+        if evicted is not None and (latest is None or evicted.began_ms >= latest.began_ms):
+            return evicted
+        return latest
 
     def enforcements(self) -> tuple[Enforcement, ...]:
         """Every enforcement moment still remembered (for the proxy's resolve/probe loop)."""
-        found = [e for _, e in self._activations]
+        found = [e for _, e in reversed(self._activations)]  # newest first
         if self._baseline is not None:
             found.append(self._baseline)
         return tuple(found)
