@@ -294,6 +294,7 @@ class ScriptedSaslBroker:
         failed_auth_close_delay_ms: int = 100,
         socket_timeout_s: float = 10.0,
         cluster_id: str = "pidgate-sasl-broker",
+        pid_step: int = 1,
     ) -> None:
         if handshake_max_version not in (0, 1):
             raise ValueError("handshake_max_version must be 0 or 1")
@@ -320,6 +321,11 @@ class ScriptedSaslBroker:
             self._topics[name] = _Topic(uuid.uuid4(), partitions)
         self._offsets: dict[tuple[str, int], int] = {}
         self._next_pid = first_producer_id
+        #: Added to the next PID after each allocation (-1: a broker that does not allocate in
+        #: increasing order).
+        self.pid_step = pid_step
+        #: Other scripted brokers listed in this one's Metadata answers (a scripted cluster).
+        self.peers: list[ScriptedSaslBroker] = []
         self._produced: list[Produced] = []
         self._auth_log: list[AuthEvent] = []
         self._requests: list[RequestSeen] = []
@@ -477,7 +483,7 @@ class ScriptedSaslBroker:
     def _new_pid(self) -> int:
         with self._lock:
             pid = self._next_pid
-            self._next_pid += 1
+            self._next_pid += self.pid_step
             return pid
 
 
@@ -758,7 +764,15 @@ class _Connection:
             )
         r = MetadataResponse(
             throttle_time_ms=0,
-            brokers=[self.broker_entry()],
+            brokers=[
+                self.broker_entry(),
+                *(
+                    MetadataResponse.MetadataResponseBroker(
+                        node_id=peer.node_id, host=HOST, port=peer.port, rack=None
+                    )
+                    for peer in self.broker.peers
+                ),
+            ],
             cluster_id=self.broker.cluster_id,
             controller_id=node,
             topics=topics,

@@ -605,6 +605,9 @@ def test_100k_principals_are_capped_evicted_idlest_first_and_counted() -> None:
                 },
                 "max_principals": MAX_PRINCIPALS,
                 "max_total_bits": MAX_TOTAL_BITS,
+                # No SASL credentials for pidgate's PID frontier probe here: grandfathering
+                # would run in learning mode; this test is about caps and eviction.
+                "grandfather_grace_ms": 0,
             },
         }
         with pidgate_process(bootstrap, config) as gate:

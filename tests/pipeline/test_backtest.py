@@ -162,3 +162,28 @@ def test_empty_log_and_bloom_false_positives(spark: SparkSession) -> None:
     assert bloom.never_seen_lookups == 300
     assert 0 < bloom.bloom_false_positives < 300
     assert bloom.observed_false_positive_rate == bloom.bloom_false_positives / 300
+
+
+def test_grandfathered_pids_replay_free_under_any_candidate(spark: SparkSession) -> None:
+    """Issue 11: ``admitted_grandfathered`` PIDs were allocated before enforcement began; the
+    replay admits them without a token (so they are neither charged nor Bloom false positives),
+    while new PIDs are held to the candidate quota."""
+    rows = [
+        ev(H0 + 1000, "admitted_grandfathered", "User:a", 10, 1),
+        ev(H0 + 1001, "admitted_grandfathered", "User:a", 11, 2),
+        ev(H0 + 1002, "admitted_grandfathered", "User:a", 12, 3),
+        ev(H0 + 2000, "admitted_new", "User:a", 500, 4),
+        ev(H0 + 2001, "admitted_new", "User:a", 501, 5),
+    ]
+    decisions = replay_requests(events_df(spark, rows), QuotaPolicy(default_producer_ids_rate=1))
+    got = sorted(
+        (r.request_id, r.replayed, r.replayed_new_pids, r.bloom_false_positives)
+        for r in decisions.collect()
+    )
+    assert got == [
+        (1, "admitted", 0, 0),
+        (2, "admitted", 0, 0),
+        (3, "admitted", 0, 0),
+        (4, "admitted", 1, 0),  # the candidate's single token
+        (5, "rejected", 0, 0),
+    ]

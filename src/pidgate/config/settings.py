@@ -88,6 +88,21 @@ class QuotaSettings(_Frozen):
         description="Bloom bits across all principals at most (2^30 bits = 128 MiB); the "
         "idlest principal is evicted first",
     )
+    grandfather_grace_ms: int | None = Field(
+        None,
+        ge=0,
+        description="after a principal's enforcement begins (start without state, unlimited "
+        "to limited, eviction), PIDs the cluster allocated before then (below the PID "
+        "frontier; any, when no frontier could be learnt) pass without a token for this long; "
+        "default one layer's span (window / window.num); 0 turns grandfathering off",
+    )
+    grandfather_probe_timeout_ms: int = Field(
+        5000,
+        ge=100,
+        le=600_000,
+        description="how long pidgate waits for every broker's fresh PID when it learns the "
+        "PID frontier; past it, learning mode (unknown PIDs admitted during the grace)",
+    )
 
     @property
     def window_ms(self) -> int:

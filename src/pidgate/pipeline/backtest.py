@@ -2,10 +2,15 @@
 
 The event log is replayed per principal in time order through pidgate's own
 :class:`~pidgate.quota.QuotaManager` (``groupBy(...).applyInPandas``), not a re-implementation.
-The events of one Produce request (same ``instance`` and ``request_id``: its ``admitted_new`` and
-``rejected`` events) are regrouped into one ``admit()`` call at the request's ``ts_ms``, which is
-the proxy's quota clock (wall-clock ms), so with the config the proxy ran with, the replay makes
-the decisions the proxy made (tests/pipeline/test_backtest.py).
+The events of one Produce request (same ``instance`` and ``request_id``: its ``admitted_new``,
+``admitted_grandfathered`` and ``rejected`` events) are regrouped into one ``admit()`` call at
+the request's ``ts_ms``, which is the proxy's quota clock (wall-clock ms), so with the config
+the proxy ran with, the replay makes the decisions the proxy made (tests/pipeline/test_backtest.py).
+
+PIDs the proxy grandfathered (``admitted_grandfathered``: the cluster allocated them before the
+principal's enforcement began, a fact about the PID, not about the quota) are replayed the same
+way: admitted without a token under any candidate config (``QuotaManager.admit``'s
+``pre_enforcement``).
 
 Alongside the manager an exact Python set of the PIDs each principal got admitted measures the
 Bloom filter: a PID the manager treated as known that was never admitted before is a false
@@ -52,7 +57,13 @@ from pyspark.sql.types import (
 
 from pidgate.config import DEFAULT_USER_ENTITY, QuotaSettings, load_settings
 from pidgate.config.loader import read_config_file
-from pidgate.pipeline.events import ADMITTED_NEW, REJECTED, hour_of, read_events_checked
+from pidgate.pipeline.events import (
+    ADMITTED_GRANDFATHERED,
+    ADMITTED_NEW,
+    REJECTED,
+    hour_of,
+    read_events_checked,
+)
 from pidgate.pipeline.report import Section, write_report
 from pidgate.quota import Admitted, QuotaManager, QuotaPolicy
 
@@ -204,12 +215,14 @@ def _replayer(policy_fields: dict[str, Any]) -> Callable[[pd.DataFrame], pd.Data
             throttles = throttles[~np.isnan(throttles)]
             now = int(ts_col[s])
 
-            decision = manager.admit(principal, pids, now)
+            grandfathered = {int(p) for p in pid_col[s:e][events == ADMITTED_GRANDFATHERED]}
+            decision = manager.admit(principal, pids, now, pre_enforcement=grandfathered)
             exact = admitted_sets.setdefault(principal, set())
             if isinstance(decision, Admitted):
                 if decision.tracked:
-                    unknown = set(decision.new_producer_ids)
-                    replayed, new, rej, throttle = ADMITTED, len(unknown), 0, None
+                    new = len(decision.new_producer_ids)
+                    unknown = {*decision.new_producer_ids, *decision.grandfathered_producer_ids}
+                    replayed, rej, throttle = ADMITTED, 0, None
                 else:
                     unknown = set(pids)
                     replayed, new, rej, throttle = UNLIMITED, 0, 0, None
@@ -250,9 +263,9 @@ def replay_requests(
     """One row per Produce request (:data:`DECISION_SCHEMA`): what the proxy recorded and what
     ``policy`` decides when the requests are replayed per principal (per principal and
     instance with ``per_instance``) in time order through a QuotaManager."""
-    requests = events.filter(F.col("event").isin(ADMITTED_NEW, REJECTED)).filter(
-        F.col("producer_id").isNotNull()
-    )
+    requests = events.filter(
+        F.col("event").isin(ADMITTED_NEW, ADMITTED_GRANDFATHERED, REJECTED)
+    ).filter(F.col("producer_id").isNotNull())
     keys = ["principal", "instance"] if per_instance else ["principal"]
     return (
         requests.select(

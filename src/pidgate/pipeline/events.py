@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 )
 
 __all__ = [
+    "ADMITTED_GRANDFATHERED",
     "ADMITTED_NEW",
     "EVENT_SCHEMA",
     "EVENT_TYPES",
@@ -38,9 +39,11 @@ __all__ = [
 ]
 
 ADMITTED_NEW = "admitted_new"
+#: Admitted without a token: allocated before the principal's enforcement began (grandfathered).
+ADMITTED_GRANDFATHERED = "admitted_grandfathered"
 REJECTED = "rejected"
 INIT_PRODUCER_ID = "init_producer_id"
-EVENT_TYPES = (ADMITTED_NEW, REJECTED, INIT_PRODUCER_ID)
+EVENT_TYPES = (ADMITTED_NEW, ADMITTED_GRANDFATHERED, REJECTED, INIT_PRODUCER_ID)
 
 #: Every field the proxy writes. Absent fields are null (``throttle_ms`` only on ``rejected``,
 #: ``transactional`` only on ``init_producer_id``).

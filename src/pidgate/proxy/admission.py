@@ -115,7 +115,10 @@ class Gatekeeper:
         except Exception as error:  # a bug in the quota subsystem: the policy says what now
             return self._quota_failed(error, producer_ids)
         if self._observers and (
-            isinstance(decision, Rejected) or decision.new_producer_ids or decision.refreshed_count
+            isinstance(decision, Rejected)
+            or decision.new_producer_ids
+            or decision.refreshed_count
+            or decision.grandfathered_producer_ids
         ):
             for observer in self._observers:
                 try:

@@ -12,8 +12,13 @@ One line per event, fields always present in this order (null where not applicab
 
 * ``admitted_new``: one per PID a Produce request activated (``Admitted.new_producer_ids``);
   ``throttle_ms`` null.
+* ``admitted_grandfathered``: one per PID a Produce request got admitted without a token
+  because the cluster allocated it before the principal's enforcement began
+  (``Admitted.grandfathered_producer_ids``; docs/grandfathering.md); ``throttle_ms`` null. The
+  backtest replays these as free admissions.
 * ``rejected``: one per unknown PID of a rejected Produce request
-  (``Rejected.unknown_producer_ids``), ``throttle_ms`` = the throttle the client was given.
+  (``Rejected.unknown_producer_ids``), ``throttle_ms`` = the time until the quota had the tokens
+  (the client is sent at most ``rejection.max_throttle_time_ms`` of it).
 * ``init_producer_id``: one per InitProducerId the cluster answered (``record_init_producer_id``);
   topic, partition, throttle_ms and tokens null.
 
@@ -97,6 +102,7 @@ EVENT_FIELDS = (
     "transactional",
 )
 ADMITTED_NEW = "admitted_new"
+ADMITTED_GRANDFATHERED = "admitted_grandfathered"
 REJECTED = "rejected"
 INIT_PRODUCER_ID = "init_producer_id"
 
@@ -284,14 +290,17 @@ class EventLog:
         self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
     ) -> None:
         """Queue one line per PID admitted as new or rejected (DecisionObserver)."""
+        events: dict[int, str] = {}
         if isinstance(decision, Rejected):
-            event, producer_ids, throttle_ms = (
-                REJECTED,
-                decision.unknown_producer_ids,
-                decision.throttle_time_ms,
-            )
+            producer_ids, throttle_ms = decision.unknown_producer_ids, decision.throttle_time_ms
+            events = dict.fromkeys(producer_ids, REJECTED)
         elif isinstance(decision, Admitted):
-            event, producer_ids, throttle_ms = ADMITTED_NEW, decision.new_producer_ids, None
+            throttle_ms = None
+            events = dict.fromkeys(decision.new_producer_ids, ADMITTED_NEW)
+            events.update(
+                dict.fromkeys(decision.grandfathered_producer_ids, ADMITTED_GRANDFATHERED)
+            )
+            producer_ids = tuple(events)
         else:  # pragma: no cover - Decision is exactly these two
             return
         if not producer_ids:
@@ -325,7 +334,7 @@ class EventLog:
                 _dumps(
                     {
                         "ts_ms": now_ms,
-                        "event": event,
+                        "event": events[pid],
                         "principal": context.principal,
                         "producer_id": pid,
                         "producer_epoch": epoch,

@@ -102,6 +102,7 @@ class _User:
     """Per-user counters; one per label value (at most ``max_user_labels`` plus ``__other__``)."""
 
     __slots__ = (
+        "grandfathered_producer_ids",
         "last_seen_ms",
         "new_producer_ids",
         "produce_requests_rejected",
@@ -112,22 +113,28 @@ class _User:
     def __init__(self, now_ms: int) -> None:
         self.last_seen_ms = now_ms
         self.new_producer_ids = 0
+        self.grandfathered_producer_ids = 0
         self.producer_ids_rejected = 0
         self.produce_requests_rejected = 0
         self.throttle_time_ms = 0
+
+
+#: Grandfathering modes, strictest first (``pidgate_grandfather_mode``).
+_MODE_ORDER: Final[tuple[str, ...]] = ("off", "frontier", "pending", "learning")
 
 
 class _QuotaAggregate:
     """Snapshot values of the principals behind one label (several when names collide after
     ``User:`` stripping, many for ``__other__``)."""
 
-    __slots__ = ("false_positive_rate", "layers", "rate", "tokens")
+    __slots__ = ("false_positive_rate", "grandfather_mode", "layers", "rate", "tokens")
 
     def __init__(self, state: PrincipalState) -> None:
         self.rate = state.producer_ids_rate
         self.tokens = state.tokens
         self.layers = state.layer_count
         self.false_positive_rate = state.estimated_false_positive_rate
+        self.grandfather_mode = state.grandfather_mode
 
     def merge(self, state: PrincipalState) -> None:
         # Layers add up; for the rest the worst case is what an operator needs to see.
@@ -137,6 +144,9 @@ class _QuotaAggregate:
         self.false_positive_rate = max(
             self.false_positive_rate, state.estimated_false_positive_rate
         )
+        # The most lenient mode behind the label is the one to see.
+        if _MODE_ORDER.index(state.grandfather_mode) > _MODE_ORDER.index(self.grandfather_mode):
+            self.grandfather_mode = state.grandfather_mode
 
 
 class _Collector:
@@ -211,6 +221,10 @@ class ProxyMetrics:
         self._other = _User(0)
         self._other_used = False
         self._producer_ids_refreshed = 0
+        # -- the PID frontier (grandfathering): latest probe --
+        self._frontier: int | None = None
+        self._frontier_probed_ms: int | None = None
+        self._frontier_probes = {"ok": 0, "failed": 0}
 
         # -- KIP-91: (user label key, PID) -> [first rejection ms, thresholds reported], oldest
         # first --
@@ -273,6 +287,15 @@ class ProxyMetrics:
     def produce_held_count(self) -> int:
         return self._produce_held
 
+    def frontier_probed(self, frontier: int | None, now_ms: int) -> None:
+        """A PID frontier probe finished: ``frontier`` learnt, or None (it failed)."""
+        if frontier is None:
+            self._frontier_probes["failed"] += 1
+            return
+        self._frontier_probes["ok"] += 1
+        self._frontier = frontier
+        self._frontier_probed_ms = now_ms
+
     def observer_error(self) -> None:
         """A DecisionObserver raised (``Gatekeeper``'s ``on_observer_error``)."""
         self._observer_errors += 1
@@ -289,6 +312,7 @@ class ProxyMetrics:
         if isinstance(decision, Admitted):
             new_ids = decision.new_producer_ids
             user.new_producer_ids += len(new_ids)
+            user.grandfathered_producer_ids += len(decision.grandfathered_producer_ids)
             user.throttle_time_ms = 0  # admitted: this user's latest decision throttles nothing
             self._producer_ids_refreshed += decision.refreshed_count
             if waiting:
@@ -451,15 +475,23 @@ class ProxyMetrics:
             "Produce requests answered with a throttling error",
             labels=["user"],
         )
+        grandfathered = CounterMetricFamily(
+            "pidgate_producer_ids_grandfathered",
+            "Producer IDs admitted without a token because the cluster allocated them before "
+            "the user's enforcement began (below the PID frontier, or learning mode)",
+            labels=["user"],
+        )
         for label, user in labelled:
             throttle.add_metric([label], user.throttle_time_ms)
             new_ids.add_metric([label], user.new_producer_ids)
+            grandfathered.add_metric([label], user.grandfathered_producer_ids)
             rejected_ids.add_metric([label], user.producer_ids_rejected)
             rejected_requests.add_metric([label], user.produce_requests_rejected)
         yield rate
         yield tokens
         yield throttle
         yield new_ids
+        yield grandfathered
         yield rejected_ids
         yield rejected_requests
         yield CounterMetricFamily(
@@ -470,6 +502,17 @@ class ProxyMetrics:
         )
         yield layers
         yield false_positive
+        mode = GaugeMetricFamily(
+            "pidgate_grandfather_mode",
+            "1 for the user's grandfathering mode now: frontier (PIDs below the frontier pass "
+            "free), pending (probe in flight), learning (no frontier: unknown PIDs pass free), "
+            "off (grace over); __other__: the most lenient",
+            labels=["user", "mode"],
+        )
+        for label, aggregate in quota_by_label.items():
+            mode.add_metric([label, aggregate.grandfather_mode], 1)
+        yield mode
+        yield from self._collect_frontier(now)
         yield from self._collect_waits(now, labelled)
         yield from self._collect_quota_totals()
         yield from self._collect_traffic()
@@ -478,6 +521,27 @@ class ProxyMetrics:
             "Users with their own label value in the per-user metrics (capped)",
             value=len(users),
         )
+
+    def _collect_frontier(self, now: int) -> Iterator[Metric]:
+        probes = CounterMetricFamily(
+            "pidgate_pid_frontier_probes",
+            "PID frontier probes (a fresh PID from every broker) by result",
+            labels=["result"],
+        )
+        for result, count in self._frontier_probes.items():
+            probes.add_metric([result], count)
+        yield probes
+        if self._frontier is not None and self._frontier_probed_ms is not None:
+            yield GaugeMetricFamily(
+                "pidgate_pid_frontier",
+                "The latest PID frontier learnt: the smallest fresh PID of every broker",
+                value=self._frontier,
+            )
+            yield GaugeMetricFamily(
+                "pidgate_pid_frontier_age_seconds",
+                "Seconds since the latest PID frontier was learnt",
+                value=max(0, now - self._frontier_probed_ms) / 1000,
+            )
 
     def _collect_waits(self, now: int, labelled: list[tuple[str, _User]]) -> Iterator[Metric]:
         """KIP-91: a throttled producer retries until delivery.timeout.ms (120 s by default),

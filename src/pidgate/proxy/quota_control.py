@@ -21,12 +21,16 @@ from pidgate.protocol.client_quotas import QuotaChange
 from pidgate.proxy.logs import get_logger
 from pidgate.proxy.quota_admin import entity_key
 from pidgate.proxy.state_file import load_or_start_clean, write_state_atomically
+from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import QuotaManager
 from pidgate.quota.persistence import QuotaOverrides, StateSnapshot, encode_state, snapshot_state
 from pidgate.quota.policy import QuotaPolicy
 
 #: Called after overrides changed locally: (user key, rate or None). The shared store publishes.
 OverrideListener = Callable[[str, int | None], None]
+#: Called when a policy change began some principal's enforcement (unlimited -> limited): the
+#: server probes the PID frontier and resolves it.
+EnforcementListener = Callable[[Enforcement], None]
 
 
 class QuotaControl:
@@ -44,6 +48,7 @@ class QuotaControl:
         if manager is not None:
             self.manager.update_policy(self.policy(), now_ms())
         self.listeners: list[OverrideListener] = []
+        self.on_enforcement_began: EnforcementListener | None = None
         self.changes_applied = 0
 
     @property
@@ -67,6 +72,11 @@ class QuotaControl:
                 rates[user] = rate
         return rates
 
+    def _update_policy(self) -> None:
+        began = self.manager.update_policy(self.policy(), self._now_ms())
+        if began is not None and self.on_enforcement_began is not None:
+            self.on_enforcement_began(began)
+
     def policy(self) -> QuotaPolicy:
         quota = self._settings.quota
         rates = self.effective_rates()
@@ -79,6 +89,7 @@ class QuotaControl:
             user_producer_ids_rates=rates,
             max_principals=quota.max_principals,
             max_total_bits=quota.max_total_bits,
+            grandfather_grace_ms=quota.grandfather_grace_ms,
         )
 
     def apply_changes(
@@ -90,7 +101,7 @@ class QuotaControl:
         for _, change in changes:
             user = entity_key(change.entity)
             self.overrides[user] = change.rate
-        self.manager.update_policy(self.policy(), self._now_ms())
+        self._update_policy()
         self.changes_applied += len(changes)
         for _, change in changes:
             for listener in self.listeners:
@@ -102,13 +113,13 @@ class QuotaControl:
         if user in self.overrides and self.overrides[user] == rate:
             return False
         self.overrides[user] = rate
-        self.manager.update_policy(self.policy(), self._now_ms())
+        self._update_policy()
         return True
 
     def reload(self, settings: Settings) -> None:
         """A new config file (SIGHUP): its quotas, under the runtime overrides."""
         self._settings = settings
-        self.manager.update_policy(self.policy(), self._now_ms())
+        self._update_policy()
 
     def state(self) -> dict[str, Any]:
         """Read-only view for /state: quotas in force, principals, layers, memory."""
@@ -121,6 +132,10 @@ class QuotaControl:
                 "layers": p.layer_count,
                 "bits": p.bits,
                 "estimated_false_positive_rate": p.estimated_false_positive_rate,
+                "grandfather_mode": p.grandfather_mode,
+                "frontier": p.frontier,
+                "enforcement_began_ms": p.enforcement_began_ms,
+                "grandfather_reason": p.grandfather_reason,
             }
             for p in self.manager.snapshot(now_ms)
         ]
@@ -134,6 +149,21 @@ class QuotaControl:
                 "false_positive_rate": quota.false_positive_rate,
             },
             "principals": principals,
+            "grandfather": {
+                "grace_ms": self.manager.policy.grace_ms,
+                # Moments enforcement began for principals without state (start, changes).
+                "enforcements": [
+                    {
+                        "began_ms": e.began_ms,
+                        "mode": e.mode_at(now_ms),
+                        "frontier": e.frontier,
+                        "reason": e.reason,
+                        "grace_ends_ms": e.grace_ends_ms,
+                    }
+                    for e in self.manager.enforcements()
+                ],
+                "grandfathered_producer_ids": self.manager.grandfathered_count,
+            },
             "memory": {
                 "principals_tracked": self.manager.principal_count,
                 "principals_evicted": self.manager.evicted_principal_count,

@@ -32,6 +32,7 @@ from pidgate.proxy.http import AdminHttpServer
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog, get_logger
 from pidgate.proxy.metrics import DELIVERY_TIMEOUT_MS_DEFAULT, ProxyMetrics
+from pidgate.proxy.pid_frontier import FrontierProber, FrontierResult
 from pidgate.proxy.quota_admin import QuotaAdmin, entity_key
 from pidgate.proxy.quota_control import (
     open_quota_control,
@@ -41,6 +42,7 @@ from pidgate.proxy.quota_control import (
 from pidgate.proxy.routing import Address, BrokerRoute, Router
 from pidgate.proxy.shared_store import QuotaOverride, SharedQuotaStore
 from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
+from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import Admitted, Decision
 
 
@@ -155,6 +157,16 @@ class ProxyServer:
         self._reloading: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
         self._shared_store: SharedQuotaStore | None = None
+        self._probes: set[asyncio.Future[None]] = set()
+        self._prober = FrontierProber(
+            [str(upstream) for upstream in settings.proxy.upstream],
+            security=dict(settings.shared_store.security),
+            timeout_ms=settings.quota.grandfather_probe_timeout_ms,
+        )
+        #: The latest PID frontier probe (for /state), and when it finished (quota clock).
+        self.last_frontier: FrontierResult | None = None
+        self.last_frontier_ms: int | None = None
+        self.quota_control.on_enforcement_began = self._enforcement_began
 
     def _open_event_log(self, settings: Settings) -> EventLog | None:
         config = settings.event_log
@@ -200,6 +212,18 @@ class ProxyServer:
 
     def state(self) -> dict[str, Any]:
         state = self.quota_control.state()
+        probe = self.last_frontier
+        state["grandfather"]["last_probe"] = (
+            None
+            if probe is None
+            else {
+                "frontier": probe.frontier,
+                "reason": probe.reason,
+                "brokers": {str(node): list(pids) for node, pids in probe.per_broker.items()},
+                "finished_ms": self.last_frontier_ms,
+                "elapsed_ms": probe.elapsed_ms,
+            }
+        )
         state["connections"] = len(self.context.connections)
         state["listeners"] = {
             "bootstrap": "{}:{}".format(*self.bootstrap_address) if self._bootstrap else None,
@@ -253,6 +277,9 @@ class ProxyServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listen = self.settings.proxy.listen
+        # Enforcement begins now for every principal without saved state: learn the PID
+        # frontier before the first request is read (bounded by the probe timeout).
+        await self._resolve_enforcement(self.quota.begin_enforcement(quota_clock_ms()), "start")
         self._bootstrap = await loop.create_server(
             lambda: ClientConnection(
                 self.context,
@@ -310,11 +337,12 @@ class ProxyServer:
             await self._admin.stop()
         if self._shared_store is not None:
             await asyncio.to_thread(self._shared_store.stop)
+        await asyncio.to_thread(self._prober.close)
         if self.event_log is not None:
             await asyncio.to_thread(self.event_log.close)
         if self.settings.state.path is not None:
             self._save_state_now()
-        for task in (self._housekeeping, self._reloading, self._persisting):
+        for task in (self._housekeeping, self._reloading, self._persisting, *self._probes):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -439,6 +467,61 @@ class ProxyServer:
                 user=override.user,
                 producer_ids_rate=override.producer_ids_rate,
                 source="shared_store",
+            )
+
+    # -- grandfathering: the PID frontier --------------------------------------------------------
+
+    def _enforcement_began(self, enforcement: Enforcement) -> None:
+        """A policy change made principals limited (on the event loop): probe the frontier now;
+        until it answers (milliseconds), their unknown PIDs are admitted as in learning mode."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # changed from outside the loop (tests): nothing can probe
+            enforcement.resolve(None, "quota changed outside the event loop: no probe")
+            return
+        task = loop.create_task(self._resolve_enforcement(enforcement, "quota_change"))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def _resolve_enforcement(self, enforcement: Enforcement, cause: str) -> None:
+        policy = self.quota.policy
+        if enforcement.grace_ms == 0:
+            enforcement.disable("grandfathering off (quota.grandfather_grace_ms = 0)")
+            return
+        if cause == "start" and (
+            policy.default_producer_ids_rate is None and not policy.user_producer_ids_rates
+        ):
+            # Nobody is limited: a later change that limits someone probes then. (No
+            # connection is made before that: pidgate talks to the brokers only for clients.)
+            enforcement.disable("no principal limited at start")
+            return
+        try:
+            result = await asyncio.to_thread(self._prober.probe)
+        except Exception as error:  # probe_frontier reports failures; this is a bug guard
+            result = FrontierResult(None, f"probe crashed: {type(error).__name__}: {error}")
+        now = quota_clock_ms()
+        self.last_frontier, self.last_frontier_ms = result, now
+        enforcement.resolve(result.frontier, result.reason)
+        self.metrics.frontier_probed(result.frontier, now)
+        if result.frontier is not None:
+            get_logger().info(
+                "pid_frontier_learnt",
+                cause=cause,
+                frontier=result.frontier,
+                brokers={str(node): pids for node, pids in result.per_broker.items()},
+                elapsed_ms=result.elapsed_ms,
+                enforcement_began_ms=enforcement.began_ms,
+                grace_ms=enforcement.grace_ms,
+            )
+        else:
+            get_logger().warning(
+                "grandfather_learning_mode",
+                cause=cause,
+                reason=result.reason,
+                elapsed_ms=result.elapsed_ms,
+                grace_ms=enforcement.grace_ms,
+                action="unknown PIDs of principals whose enforcement began now are admitted "
+                "and recorded, never rejected, until the grace period ends",
             )
 
     def _save_state_now(self) -> None:

@@ -19,6 +19,15 @@ Admission of one Produce request (DESIGN.md "Quota semantics"):
   more tokens than the capacity can never pass; it gets the time until the bucket is full.
 * a Bloom false positive admits a new PID free (fails open with probability ≈ p).
 
+Grandfathering (:mod:`pidgate.quota.grandfather`): a principal's enforcement begins when the
+proxy starts without state for it (``begin_enforcement``), when a policy change makes it limited
+(``update_policy`` returns the new :class:`Enforcement`), or when its state is evicted. During the
+grace period after that moment an *unknown* PID the enforcement grandfathers (below the frontier;
+any, in learning mode) is admitted without a token and recorded as known
+(``Admitted.grandfathered_producer_ids``); the rest of the rule is unchanged. A rejected request
+records nothing, grandfathered PIDs included. An evicted principal keeps its frontier (it never
+moves) with a fresh grace period; one that had no frontier gets no grandfathering after eviction.
+
 Memory: a principal's state exists only after it activated a PID. ``expire(now_ms)`` drops dead
 layers and forgets principals with no live layer and a full bucket (forgetting those is exact:
 a new state would be identical). When ``max_principals`` or ``max_total_bits`` is exceeded the
@@ -36,6 +45,7 @@ from dataclasses import dataclass
 
 from .bloom import BloomShape, bloom_positions
 from .bucket import TokenBucket
+from .grandfather import FRONTIER, OFF, Enforcement, GrandfatherMode
 from .layered import ABSENT, IN_CURRENT, LayeredBloomFilter, LayerState
 from .policy import QuotaPolicy
 
@@ -54,11 +64,14 @@ __all__ = [
 class Admitted:
     """Forward the request. ``new_producer_ids``: PIDs activated by it (tokens taken);
     ``refreshed_count``: known PIDs re-added to the newest layer; ``tracked``: False when the
-    principal is unlimited and PIDs were not looked at (so "new" is unknown)."""
+    principal is unlimited and PIDs were not looked at (so "new" is unknown);
+    ``grandfathered_producer_ids``: unknown PIDs admitted without a token because the cluster
+    allocated them before the principal's enforcement began (recorded as known)."""
 
     new_producer_ids: tuple[int, ...]
     refreshed_count: int
     tracked: bool = True
+    grandfathered_producer_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +95,12 @@ class PrincipalState:
     layer_count: int
     bits: int
     estimated_false_positive_rate: float
+    #: Grandfathering in force at the snapshot's time (``off`` after the grace period).
+    grandfather_mode: GrandfatherMode = OFF
+    #: The frontier fixed when its enforcement began (None: none learnt, or not recorded).
+    frontier: int | None = None
+    enforcement_began_ms: int | None = None
+    grandfather_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +112,7 @@ class PrincipalRecord:
     bucket: TokenBucket
     shape: BloomShape
     layers: tuple[LayerState, ...]
+    enforcement: Enforcement | None = None
 
 
 _ADMITTED_EMPTY = Admitted((), 0)
@@ -102,12 +122,20 @@ _ADMITTED_UNTRACKED = Admitted((), 0, tracked=False)
 _POSITIONS_CACHE_SIZE = 4096
 
 
-class _Principal:
-    __slots__ = ("bucket", "seen")
+#: Policy changes remembered for principals that have no state yet (newest last); older ones
+#: are dropped first (their principals then get no grandfathering: conservative).
+_MAX_ACTIVATIONS = 64
 
-    def __init__(self, seen: LayeredBloomFilter, bucket: TokenBucket) -> None:
+
+class _Principal:
+    __slots__ = ("bucket", "enforcement", "seen")
+
+    def __init__(
+        self, seen: LayeredBloomFilter, bucket: TokenBucket, enforcement: Enforcement | None
+    ) -> None:
         self.seen = seen
         self.bucket = bucket
+        self.enforcement = enforcement
 
 
 class QuotaManager:
@@ -122,6 +150,12 @@ class QuotaManager:
         self._evicted = 0
         # pid -> (shape, positions); a hit needs the very same shape object (see admit).
         self._positions_cache: dict[int, tuple[BloomShape, tuple[int, ...]]] = {}
+        # When enforcement began for principals that have no state: at start (applies to all),
+        # at policy changes (to those unlimited before), at eviction (per principal).
+        self._baseline: Enforcement | None = None
+        self._activations: list[tuple[QuotaPolicy, Enforcement]] = []
+        self._evicted_enforcement: OrderedDict[str, Enforcement] = OrderedDict()
+        self._grandfathered = 0
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -141,6 +175,40 @@ class QuotaManager:
     def total_bits(self) -> int:
         return self._total_bits
 
+    @property
+    def grandfathered_count(self) -> int:
+        """PIDs admitted without a token as grandfathered, since this manager was made."""
+        return self._grandfathered
+
+    # -- when enforcement begins -----------------------------------------------------------
+
+    def begin_enforcement(self, now_ms: int) -> Enforcement:
+        """Enforcement begins now for every principal without state (the proxy starts, or
+        started without a state file): returns the pending :class:`Enforcement`, which the
+        caller resolves with the frontier (:meth:`Enforcement.resolve`)."""
+        self._baseline = Enforcement(now_ms, self._policy.grace_ms)
+        return self._baseline
+
+    def _enforcement_for_new(self, principal: str, now_ms: int) -> Enforcement | None:
+        """The enforcement of a limited principal that has no state: the latest moment it
+        became limited (eviction, a policy change it was unlimited before, or the start)."""
+        latest = self._baseline
+        for previous, enforcement in reversed(self._activations):
+            if previous.rate_for(principal) is None:
+                latest = enforcement
+                break
+        evicted = self._evicted_enforcement.get(principal)
+        if evicted is not None and (latest is None or evicted.began_ms >= latest.began_ms):
+            return evicted
+        return latest
+
+    def enforcements(self) -> tuple[Enforcement, ...]:
+        """Every enforcement moment still remembered (for the proxy's resolve/probe loop)."""
+        found = [e for _, e in reversed(self._activations)]  # newest first
+        if self._baseline is not None:
+            found.append(self._baseline)
+        return tuple(found)
+
     def snapshot(self, now_ms: int) -> tuple[PrincipalState, ...]:
         """State of every tracked principal at ``now_ms``, idlest first. Changes nothing
         (layers not yet expired are still counted)."""
@@ -152,6 +220,16 @@ class QuotaManager:
                 layer_count=state.seen.layer_count,
                 bits=state.seen.total_bits,
                 estimated_false_positive_rate=state.seen.estimated_false_positive_rate(),
+                grandfather_mode=(
+                    state.enforcement.mode_at(now_ms) if state.enforcement is not None else OFF
+                ),
+                frontier=state.enforcement.frontier if state.enforcement is not None else None,
+                enforcement_began_ms=(
+                    state.enforcement.began_ms if state.enforcement is not None else None
+                ),
+                grandfather_reason=(
+                    state.enforcement.reason if state.enforcement is not None else None
+                ),
             )
             for name, state in self._principals.items()
         )
@@ -172,9 +250,20 @@ class QuotaManager:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def admit(self, principal: str, producer_ids: Collection[int], now_ms: int) -> Decision:
+    def admit(
+        self,
+        principal: str,
+        producer_ids: Collection[int],
+        now_ms: int,
+        *,
+        pre_enforcement: Collection[int] = (),
+    ) -> Decision:
         """Decide one Produce request of ``principal`` carrying ``producer_ids`` (duplicates
-        allowed, -1 "no PID" must already be filtered out by the caller)."""
+        allowed, -1 "no PID" must already be filtered out by the caller).
+
+        ``pre_enforcement``: PIDs the caller knows were grandfathered (the backtest replays the
+        event log's ``admitted_grandfathered`` events through it); unknown ones are admitted
+        free like those the principal's own enforcement grandfathers."""
         if not producer_ids:
             return _ADMITTED_EMPTY
         state = self._principals.get(principal)
@@ -182,7 +271,7 @@ class QuotaManager:
             rate = self._policy.rate_for(principal)
             if rate is None:
                 return _ADMITTED_UNTRACKED
-            return self._admit_first(principal, rate, producer_ids, now_ms)
+            return self._admit_first(principal, rate, producer_ids, now_ms, pre_enforcement)
 
         seen = state.seen
         shape = seen.shape
@@ -218,12 +307,26 @@ class QuotaManager:
             self._principals.move_to_end(principal)
             return _ADMITTED_EMPTY
 
+        grandfathered: tuple[int, ...] = ()
         if unknown:
-            bucket = state.bucket.try_take(len(unknown), now_ms)
-            if bucket is None:
-                wait = state.bucket.time_until_available_ms(len(unknown), now_ms)
-                return Rejected(max(1, wait), tuple(pid for pid, _ in unknown))
-            state.bucket = bucket
+            enforcement = state.enforcement
+            if pre_enforcement or (enforcement is not None and enforcement.in_grace(now_ms)):
+                grandfathered = tuple(
+                    pid
+                    for pid, _ in unknown
+                    if pid in pre_enforcement
+                    or (enforcement is not None and enforcement.grandfathers(pid, now_ms))
+                )
+            charged = len(unknown) - len(grandfathered)
+            if charged:
+                bucket = state.bucket.try_take(charged, now_ms)
+                if bucket is None:
+                    wait = state.bucket.time_until_available_ms(charged, now_ms)
+                    free = set(grandfathered)
+                    return Rejected(
+                        max(1, wait), tuple(pid for pid, _ in unknown if pid not in free)
+                    )
+                state.bucket = bucket
 
         self._principals.move_to_end(principal)
         bits_before = seen.total_bits
@@ -239,7 +342,15 @@ class QuotaManager:
         grown = seen.total_bits - bits_before
         if grown:
             self._total_bits += grown
-            self._enforce_caps()
+            self._enforce_caps(now_ms)
+        if grandfathered:
+            self._grandfathered += len(grandfathered)
+            free = set(grandfathered)
+            return Admitted(
+                tuple(pid for pid, _ in unknown if pid not in free),
+                len(stale),
+                grandfathered_producer_ids=grandfathered,
+            )
         return Admitted(tuple(pid for pid, _ in unknown), len(stale))
 
     def _remember_positions(self, pid: int, shape: BloomShape, positions: tuple[int, ...]) -> None:
@@ -251,13 +362,27 @@ class QuotaManager:
         cache[pid] = (shape, positions)
 
     def _admit_first(
-        self, principal: str, rate: int, producer_ids: Collection[int], now_ms: int
+        self,
+        principal: str,
+        rate: int,
+        producer_ids: Collection[int],
+        now_ms: int,
+        pre_enforcement: Collection[int],
     ) -> Decision:
         """A limited principal with no state: every PID is unknown and the bucket is full."""
         policy = self._policy
-        new_ids = tuple(dict.fromkeys(producer_ids))
+        ids = tuple(dict.fromkeys(producer_ids))
+        enforcement = self._enforcement_for_new(principal, now_ms)
+        grandfathered = tuple(
+            pid
+            for pid in ids
+            if pid in pre_enforcement
+            or (enforcement is not None and enforcement.grandfathers(pid, now_ms))
+        )
+        free = set(grandfathered)
+        new_ids = tuple(pid for pid in ids if pid not in free)
         bucket = TokenBucket.full(rate, policy.window_ms, now_ms)
-        taken = bucket.try_take(len(new_ids), now_ms)
+        taken = bucket.try_take(len(new_ids), now_ms) if new_ids else bucket
         if taken is None:
             # Not stored: a principal with no layers and a full bucket is indistinguishable
             # from a forgotten one.
@@ -265,29 +390,49 @@ class QuotaManager:
             return Rejected(max(1, wait), new_ids)
         shape = BloomShape.for_capacity(policy.layer_items_for(rate), policy.false_positive_rate)
         seen = LayeredBloomFilter(shape, policy.window_ms, policy.window_num)
-        for pid in new_ids:
+        for pid in ids:
             seen.add(bloom_positions(pid, shape), now_ms)
-        self._principals[principal] = _Principal(seen, taken)
+        self._principals[principal] = _Principal(seen, taken, enforcement)
         self._total_bits += seen.total_bits
-        self._enforce_caps()
-        return Admitted(new_ids, 0)
+        self._grandfathered += len(grandfathered)
+        self._enforce_caps(now_ms)
+        return Admitted(new_ids, 0, grandfathered_producer_ids=grandfathered)
 
     # -- memory ----------------------------------------------------------------------------
 
     def _total_bits_recount(self) -> int:
         return sum(state.seen.total_bits for state in self._principals.values())
 
-    def _enforce_caps(self) -> None:
+    def _enforce_caps(self, now_ms: int | None = None) -> None:
         """Evict least recently active principals until both caps hold. The principal just
-        admitted is the most recent, so it goes last, and only if it alone breaks a cap."""
+        admitted is the most recent, so it goes last, and only if it alone breaks a cap.
+
+        With ``now_ms``, an evicted principal that had a frontier gets a new enforcement with
+        that same frontier and a grace period from now (its producers' PIDs look unknown
+        again); remembered for the grace period, at most ``max_principals`` of them."""
         policy = self._policy
         principals = self._principals
         while principals and (
             len(principals) > policy.max_principals or self._total_bits > policy.max_total_bits
         ):
-            _, state = principals.popitem(last=False)
+            name, state = principals.popitem(last=False)
             self._total_bits -= state.seen.total_bits
             self._evicted += 1
+            old = state.enforcement
+            if now_ms is not None and old is not None and old.mode == FRONTIER:
+                self._remember_eviction(name, old, now_ms)
+
+    def _remember_eviction(self, name: str, old: Enforcement, now_ms: int) -> None:
+        evicted = self._evicted_enforcement
+        evicted.pop(name, None)
+        evicted[name] = Enforcement(
+            now_ms, self._policy.grace_ms, FRONTIER, old.frontier, "state evicted"
+        )
+        while evicted:
+            oldest_name, oldest = next(iter(evicted.items()))
+            if len(evicted) <= self._policy.max_principals and oldest.in_grace(now_ms):
+                break
+            del evicted[oldest_name]
 
     def expire(self, now_ms: int) -> int:
         """Drop dead layers everywhere and forget principals with no live layer and a full
@@ -309,7 +454,13 @@ class QuotaManager:
         """Every tracked principal, idlest first, exactly as held (dead layers included, buckets
         not refilled); a copy. :mod:`pidgate.quota.persistence` serializes it."""
         return tuple(
-            PrincipalRecord(name, state.bucket, state.seen.shape, state.seen.export_layers())
+            PrincipalRecord(
+                name,
+                state.bucket,
+                state.seen.shape,
+                state.seen.export_layers(),
+                state.enforcement,
+            )
             for name, state in self._principals.items()
         )
 
@@ -326,7 +477,7 @@ class QuotaManager:
                 raise ValueError(f"principal {record.principal!r} appears twice")
             seen = LayeredBloomFilter(record.shape, policy.window_ms, policy.window_num)
             seen.restore(record.layers)
-            principals[record.principal] = _Principal(seen, record.bucket)
+            principals[record.principal] = _Principal(seen, record.bucket, record.enforcement)
         self._principals = principals
         self._total_bits = self._total_bits_recount()
         evicted_before = self._evicted
@@ -335,7 +486,7 @@ class QuotaManager:
 
     # -- run-time changes ------------------------------------------------------------------
 
-    def update_policy(self, policy: QuotaPolicy, now_ms: int | None = None) -> None:
+    def update_policy(self, policy: QuotaPolicy, now_ms: int | None = None) -> Enforcement | None:
         """Apply a new policy to every tracked principal at once.
 
         Rates and window apply to existing buckets immediately (tokens kept, clamped to the new
@@ -345,8 +496,18 @@ class QuotaManager:
         governs existing layers' expiry; the Bloom shape of existing principals is kept (their
         positions must not change), new principals get the new false-positive rate and sizes.
         Caps are enforced at once.
+
+        With ``now_ms``: when the change makes a principal limited that was unlimited, its
+        enforcement begins now. Returns that (pending) :class:`Enforcement`, shared by every
+        principal it concerns, for the caller to resolve with the frontier; None otherwise.
         """
+        previous = self._policy
         self._policy = policy
+        began: Enforcement | None = None
+        if now_ms is not None and policy.activates_any(previous):
+            began = Enforcement(now_ms, policy.grace_ms)
+            self._activations.append((previous, began))
+            del self._activations[:-_MAX_ACTIVATIONS]
         for name in list(self._principals):
             state = self._principals[name]
             rate = policy.rate_for(name)
@@ -356,4 +517,5 @@ class QuotaManager:
             state.bucket = state.bucket.with_rate(rate, policy.window_ms, now_ms)
             state.seen.reconfigure(policy.window_ms, policy.window_num)
         self._total_bits = self._total_bits_recount()
-        self._enforce_caps()
+        self._enforce_caps(now_ms)
+        return began

@@ -9,10 +9,11 @@ means the same in the next.
 Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
 pidgate package.
 
-Format, version 1 (integers in the header big-endian)::
+Format, version 2 (integers in the header big-endian); version 1 files (no enforcement, below)
+still load, their principals without grandfathering::
 
     magic    8 bytes  b"PIDGSTAT"
-    version  u16      FORMAT_VERSION; a larger one is refused (UnsupportedStateVersion)
+    version  u16      1 or FORMAT_VERSION (2); a larger one is refused (UnsupportedStateVersion)
     flags    u16      0 (reserved; any other value is refused)
     raw_len  u64      length of the body before compression
     zlen     u64      length of the compressed body that follows
@@ -39,6 +40,10 @@ length + UTF-8)::
                 1 sparse: uv n, then n little-endian u16 gaps between set-bit indices
                 2 sparse: uv n, then n little-endian u32 gaps
                 (the first gap is the first index; later gaps are >= 1)
+         (version 2) when enforcement began, :mod:`pidgate.quota.grandfather`:
+         uv  0 (none) | 1 frontier | 2 learning | 3 pending | 4 off, and unless 0:
+             sv began_ms, uv grace_ms, sv frontier (-1: none), str reason
+         A pending enforcement (saved before the frontier probe answered) loads as learning.
 
 Loading fits the saved state to the *current* policy (:func:`load_state`).
 """
@@ -56,6 +61,7 @@ from bitarray import bitarray
 
 from .bloom import BloomShape
 from .bucket import TokenBucket
+from .grandfather import FRONTIER, LEARNING, OFF, PENDING, Enforcement, GrandfatherMode
 from .layered import LayerState
 from .manager import PrincipalRecord, QuotaManager
 from .policy import QuotaPolicy
@@ -77,7 +83,14 @@ __all__ = [
 ]
 
 MAGIC = b"PIDGSTAT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_ENFORCEMENT_MODES: tuple[GrandfatherMode | None, ...] = (
+    None,
+    FRONTIER,
+    LEARNING,
+    PENDING,
+    OFF,
+)
 DEFAULT_USER = "<default>"  # the user-default entity, as kafka-configs prints it
 
 _HEADER = struct.Struct(">8sHHQQ")
@@ -287,6 +300,15 @@ def encode_state(snapshot: StateSnapshot) -> bytes:
             w.uv(layer.last_write_ms - layer.start_ms)
             w.uv(layer.inserted_count)
             _write_bits(w, shape.bit_count, layer.bits)
+        enforcement = record.enforcement
+        if enforcement is None:
+            w.uv(0)
+        else:
+            w.uv(_ENFORCEMENT_MODES.index(enforcement.mode))
+            w.sv(enforcement.began_ms)
+            w.uv(enforcement.grace_ms)
+            w.sv(-1 if enforcement.frontier is None else enforcement.frontier)
+            w.text(enforcement.reason)
     body = w.getvalue()
     compressed = zlib.compress(body, 6)
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(body), len(compressed)) + compressed
@@ -363,8 +385,9 @@ def _read_bits(r: _Reader, bit_count: int) -> bytes:
     return bits.tobytes()
 
 
-def _unwrap(data: bytes) -> bytes:
-    """The body of a state, after checking magic, version, lengths and CRC."""
+def _unwrap(data: bytes) -> tuple[int, bytes]:
+    """The format version and body of a state, after checking magic, version, lengths and
+    CRC."""
     if data[: len(MAGIC)] != MAGIC:
         if data and MAGIC.startswith(data):
             raise StateFormatError(f"truncated: {len(data)} bytes is shorter than the header")
@@ -374,7 +397,7 @@ def _unwrap(data: bytes) -> bytes:
     _, version, flags, raw_len, zlen = _HEADER.unpack_from(data)
     if version > FORMAT_VERSION:
         raise UnsupportedStateVersion(version)
-    if version != FORMAT_VERSION or flags != 0:
+    if version not in (1, FORMAT_VERSION) or flags != 0:
         raise StateFormatError(f"corrupt header: version {version}, flags {flags:#x}")
     expected = _HEADER.size + zlen + _CRC.size
     if len(data) != expected:
@@ -390,13 +413,29 @@ def _unwrap(data: bytes) -> bytes:
         raise StateFormatError(f"body does not decompress: {exc}") from None
     if len(body) != raw_len or inflater.unconsumed_tail or not inflater.eof:
         raise StateFormatError(f"body decompresses to other than the {raw_len} bytes declared")
-    return body
+    return version, body
+
+
+def _read_enforcement(r: _Reader, name: str) -> Enforcement | None:
+    tag = r.uv()
+    if tag >= len(_ENFORCEMENT_MODES):
+        raise StateFormatError(f"principal {name!r} has unknown enforcement mode {tag}")
+    mode = _ENFORCEMENT_MODES[tag]
+    if mode is None:
+        return None
+    began_ms, grace_ms, frontier, reason = r.sv(), r.uv(), r.sv(), r.text()
+    if mode == PENDING:
+        mode, frontier, reason = LEARNING, -1, "restarted before the frontier probe answered"
+    if mode == FRONTIER and frontier < 0:
+        raise StateFormatError(f"principal {name!r} has frontier mode without a frontier")
+    return Enforcement(began_ms, grace_ms, mode, None if frontier < 0 else frontier, reason)
 
 
 def decode_state(data: bytes) -> StateSnapshot:
     """The state in ``data``, exactly as saved. Raises :class:`StateFormatError` (or its
     subclass :class:`UnsupportedStateVersion`) if ``data`` is not a complete, intact state."""
-    r = _Reader(_unwrap(data))
+    version, body = _unwrap(data)
+    r = _Reader(body)
     try:
         dumped_at_ms = r.sv()
         overrides: dict[str, int | None] = {}
@@ -420,7 +459,8 @@ def decode_state(data: bytes) -> StateSnapshot:
                 inserted = r.uv()
                 bits = _read_bits(r, shape.bit_count)
                 layers.append(LayerState(start_ms, last_write_ms, inserted, bits))
-            principals.append(PrincipalRecord(name, bucket, shape, tuple(layers)))
+            enforcement = _read_enforcement(r, name) if version >= 2 else None
+            principals.append(PrincipalRecord(name, bucket, shape, tuple(layers), enforcement))
         if not r.at_end:
             raise StateFormatError("trailing bytes after the last principal")
         return StateSnapshot(dumped_at_ms, QuotaOverrides(overrides), tuple(principals))
@@ -483,7 +523,7 @@ def load_state(
         if not layers and bucket.is_full(now_ms):
             idle += 1
             continue
-        records.append(PrincipalRecord(record.principal, bucket, shape, layers))
+        records.append(PrincipalRecord(record.principal, bucket, shape, layers, record.enforcement))
     try:
         evicted = manager.restore(records)
     except ValueError as exc:

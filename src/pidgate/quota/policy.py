@@ -61,6 +61,10 @@ class QuotaPolicy:
     max_total_bits: int = 2**30
     min_layer_items: int = 1000
     max_layer_items: int = 1_000_000
+    #: How long after a principal's enforcement began PIDs the cluster allocated before then
+    #: are admitted free (``quota.grandfather_grace_ms``); None: one layer's span,
+    #: window_ms / window_num; 0 turns grandfathering off.
+    grandfather_grace_ms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.window_num, bool) or self.window_num < 1:
@@ -85,6 +89,11 @@ class QuotaPolicy:
             raise ValueError(f"max_principals must be >= 1, got {self.max_principals}")
         if self.max_total_bits < 1:
             raise ValueError(f"max_total_bits must be >= 1, got {self.max_total_bits}")
+        grace = self.grandfather_grace_ms
+        if grace is not None and (
+            isinstance(grace, bool) or not isinstance(grace, int) or grace < 0
+        ):
+            raise ValueError(f"grandfather_grace_ms must be None or an int >= 0, got {grace!r}")
         if self.min_layer_items < 1:
             raise ValueError(f"min_layer_items must be >= 1, got {self.min_layer_items}")
         if self.max_layer_items < self.min_layer_items:
@@ -92,6 +101,23 @@ class QuotaPolicy:
                 f"max_layer_items ({self.max_layer_items}) must be >= "
                 f"min_layer_items ({self.min_layer_items})"
             )
+
+    @property
+    def grace_ms(self) -> int:
+        """The grandfathering grace period in force (see ``grandfather_grace_ms``)."""
+        if self.grandfather_grace_ms is not None:
+            return self.grandfather_grace_ms
+        return self.window_ms // self.window_num
+
+    def activates_any(self, previous: QuotaPolicy) -> bool:
+        """Whether some principal unlimited under ``previous`` is limited under this policy
+        (its enforcement begins with this change)."""
+        if (
+            previous.default_producer_ids_rate is None
+            and self.default_producer_ids_rate is not None
+        ):
+            return True
+        return any(previous.rate_for(user) is None for user in self.user_producer_ids_rates)
 
     def rate_for(self, principal: str) -> int | None:
         """New PIDs per window for ``principal``; None means unlimited.
