@@ -29,7 +29,7 @@ from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.pid_frontier import probe_frontier
 from tests.integration.conftest import proxy_settings
 from tests.integration.helpers import (
-    THROTTLING_QUOTA_EXCEEDED,
+    REJECTED_DEFAULT,
     PidgateProcess,
     admin_address,
     create_topic,
@@ -305,7 +305,7 @@ def test_a_forged_pid_below_the_frontier_is_charged_after_the_grace(
         time.sleep(grace_ms / 1000 + 0.2)
         # After the grace, unseen PIDs below the frontier pay like any new one.
         assert produce_once(proxy.bootstrap, topic, forged[0]) == 0  # the only token
-        assert produce_once(proxy.bootstrap, topic, forged[1]) == THROTTLING_QUOTA_EXCEEDED
+        assert produce_once(proxy.bootstrap, topic, forged[1]) == REJECTED_DEFAULT
         assert produce_once(proxy.bootstrap, topic, old, base_sequence=1) == 0  # still known
         state = get_state(admin_address(proxy))
     (anonymous,) = state["principals"]
@@ -389,13 +389,13 @@ def test_no_pid_allocated_after_the_probe_is_grandfathered_across_brokers(mode: 
         finally:
             proxy.stop()
     # Not one PID allocated after the probe was grandfathered: one token, then rejections.
-    assert codes_after == [0] + [THROTTLING_QUOTA_EXCEEDED] * (len(after) - 1)
+    assert codes_after == [0] + [REJECTED_DEFAULT] * (len(after) - 1)
     # Before the probe: broker 1's are below the frontier (free); brokers 2 and 3 held higher
     # blocks, so theirs are charged (the documented, conservative limit): no token left.
     assert codes_before == {
         1: [0, 0],
-        2: [THROTTLING_QUOTA_EXCEEDED] * 2,
-        3: [THROTTLING_QUOTA_EXCEEDED] * 2,
+        2: [REJECTED_DEFAULT] * 2,
+        3: [REJECTED_DEFAULT] * 2,
     }
     assert metric(metrics, "pidgate_producer_ids_grandfathered_total", user="ANONYMOUS") == 2
 
