@@ -14,6 +14,12 @@ shows as more than one). Everything is real: tansu, pidgate, the client librarie
 goes through the same InitProducerId peer the tests use (tansu cannot start it otherwise).
 
     .venv/bin/python benchmarks/throttled_clients.py [--window 30] [--caps 1000,3000,10000,30000]
+    .venv/bin/python benchmarks/throttled_clients.py --kafka-python-expiry [--caps 3000]
+
+``--kafka-python-expiry`` shows a kafka-python 3.0 bug instead: its idempotent producer with
+``delivery_timeout_ms=30000`` is throttled for 45 s (window 45 s), so its first 100 records
+expire; 50 s in it sends 100 more, which never resolve (it reset its producer ID on the expiry
+and never asks for a new one), whatever the cap.
 """
 
 from __future__ import annotations
@@ -161,14 +167,64 @@ def measure(
     }
 
 
+def kafka_python_expiry(broker: EmbeddedBroker, cap_ms: int) -> dict[str, Any]:
+    from kafka import KafkaProducer
+
+    window_s = 45
+    with BackgroundProxy(
+        proxy_settings(
+            broker, quota=anonymous_quota(1, window_s), rejection={"max_throttle_time_ms": cap_ms}
+        )
+    ) as proxy:
+        topic = unique_name("kafka-python-expiry")
+        create_topic(proxy.bootstrap, topic)
+        spender, _ = init_producer_id(proxy.bootstrap)
+        with KafkaSocket(proxy.bootstrap) as conn:
+            conn.sendall(produce_frame(topic, spender, 1))
+            conn.recv_frame()
+        producer = KafkaProducer(
+            bootstrap_servers=proxy.bootstrap, enable_idempotence=True, delivery_timeout_ms=30_000
+        )
+        outcomes: dict[str, Outcome] = {"before_expiry": Outcome(), "after_expiry": Outcome()}
+        started = time.monotonic()
+        for name in outcomes:
+            if name == "after_expiry":
+                time.sleep(window_s + 5 - (time.monotonic() - started))
+            for i in range(100):
+                future = producer.send(topic, b"%s-%d" % (name.encode(), i), partition=0)
+                future.add_callback(lambda _m, o=outcomes[name]: o.ack(started))
+                future.add_errback(outcomes[name].fail)
+        try:
+            producer.flush(60)
+        except Exception as error:  # kafka-python raises KafkaTimeoutError when stuck
+            print(f"flush: {error!r}"[:120])
+        producer.close(5)
+    return {
+        "cap_ms": cap_ms,
+        **{
+            name: {
+                "acked": len(o.acked_s),
+                "failed": len(o.failed),
+                "unresolved": 100 - len(o.acked_s) - len(o.failed),
+            }
+            for name, o in outcomes.items()
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window", type=int, default=30, help="quota window, seconds")
     parser.add_argument("--caps", default="1000,3000,10000,30000", help="max_throttle_time_ms")
     parser.add_argument("--records", type=int, default=100)
     parser.add_argument("--clients", default=",".join(CLIENTS))
+    parser.add_argument("--kafka-python-expiry", action="store_true")
     args = parser.parse_args()
     with EmbeddedBroker() as broker:
+        if args.kafka_python_expiry:
+            for cap in (int(c) for c in args.caps.split(",")):
+                print("EXPIRY", kafka_python_expiry(broker, cap), flush=True)
+            return
         for client in args.clients.split(","):
             for cap in (int(c) for c in args.caps.split(",")):
                 print(
