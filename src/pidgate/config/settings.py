@@ -489,6 +489,47 @@ class SharedStoreSettings(_Frozen):
     )
 
 
+class FleetSettings(_Frozen):
+    """Optional: instances sharing ``fleet.id`` share known PIDs and token spending through a
+    topic on the upstream cluster (README "Fleets"; proxy/fleet.py has the record format)."""
+
+    id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="name of the fleet this pidgate belongs to; none = no fleet (it judges alone)",
+    )
+    topic: str | None = Field(
+        None, description="fleet topic on the upstream cluster; default pidgate-fleet-<id>"
+    )
+    scope: Literal["fleet", "instance"] = Field(
+        "fleet",
+        description="fleet: producer_ids_rate holds per principal across the fleet (tokens "
+        "taken anywhere are debited everywhere); instance: per pidgate, as KIP-936's per-broker "
+        "quota (known PIDs are shared either way)",
+    )
+    flush_interval_ms: int = Field(
+        100, ge=10, description="what this member admitted is sent to the fleet this often"
+    )
+    catch_up_timeout_ms: int = Field(
+        30_000,
+        ge=1000,
+        description="at start, reading the fleet topic (one window back) may take this long "
+        "before pidgate gives up starting",
+    )
+    max_pending_producer_ids: int = Field(
+        100_000,
+        ge=1,
+        description="admitted PIDs kept for the fleet while its topic is unreachable; past "
+        "it, they are counted and not announced",
+    )
+
+    @property
+    def effective_topic(self) -> str | None:
+        if self.id is None:
+            return None
+        return self.topic or f"pidgate-fleet-{self.id}"
+
+
 class EventLogSettings(_Frozen):
     """The PID event log (JSON Lines) that ``pidgate analyze`` reads."""
 
@@ -523,6 +564,7 @@ class Settings(_Frozen):
     admin: AdminSettings = Field(default_factory=AdminSettings)
     state: StateSettings = Field(default_factory=StateSettings)
     shared_store: SharedStoreSettings = Field(default_factory=SharedStoreSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
     event_log: EventLogSettings = Field(default_factory=EventLogSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 

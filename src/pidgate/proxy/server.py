@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import secrets
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pidgate.proxy.admission import (
 from pidgate.proxy.connection import ClientConnection, ConnectionLimits
 from pidgate.proxy.context import ProxyContext
 from pidgate.proxy.event_log import EventLog
+from pidgate.proxy.fleet import FleetCollector, FleetError, FleetOutbox, FleetRecord, FleetSync
 from pidgate.proxy.http import AdminHttpServer
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog, get_logger
@@ -116,6 +118,9 @@ class ProxyServer:
             on_long_wait=functools.partial(_log_long_wait, log),
         )
         self.event_log = self._open_event_log(settings)
+        #: What this member admitted, for the fleet (None: no fleet.id).
+        self.fleet_outbox = self._open_fleet_outbox(settings)
+        self.fleet: FleetSync | None = None
         self.router = Router(settings.proxy, self._open_broker_listener)
         self.context = ProxyContext(
             settings=settings,
@@ -125,6 +130,7 @@ class ProxyServer:
                     self.counters,
                     self.metrics,
                     *((self.event_log,) if self.event_log else ()),
+                    *((self.fleet_outbox,) if self.fleet_outbox else ()),
                     *observers,
                 ),
                 on_observer_error=self._observer_failed,
@@ -167,6 +173,64 @@ class ProxyServer:
         self.last_frontier: FrontierResult | None = None
         self.last_frontier_ms: int | None = None
         self.quota_control.on_enforcement_began = self._enforcement_began
+
+    def _open_fleet_outbox(self, settings: Settings) -> FleetOutbox | None:
+        fleet = settings.fleet
+        if fleet.id is None:
+            return None
+        self.quota.announce_refreshes = True
+        listen = settings.proxy.listen
+        instance = settings.shared_store.instance_id or (
+            f"{settings.proxy.effective_advertised_host}_{listen.port}"
+        )
+        # A per-process suffix: this process skips its own records, but a restarted member
+        # replays those of its previous incarnation.
+        member = f"{instance}-{secrets.token_hex(4)}"
+        return FleetOutbox(member, quota_clock_ms, fleet.max_pending_producer_ids)
+
+    async def _start_fleet(self) -> None:
+        """Join the fleet before serving: read the fleet topic one window back and apply it,
+        so every PID the fleet admitted within the window is known here and every bucket has
+        the fleet's level (issue "fleet")."""
+        outbox = self.fleet_outbox
+        topic = self.settings.fleet.effective_topic
+        if outbox is None or topic is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def on_records(records: list[FleetRecord]) -> None:  # on the fleet thread
+            loop.call_soon_threadsafe(self._apply_fleet, records)
+
+        fleet = FleetSync(
+            [str(upstream) for upstream in self.settings.proxy.upstream],
+            topic,
+            outbox,
+            on_records,
+            window_ms=self.settings.quota.window_ms,
+            flush_interval_ms=self.settings.fleet.flush_interval_ms,
+            security=dict(self.settings.shared_store.security),
+        )
+        try:
+            await asyncio.to_thread(fleet.start, self.settings.fleet.catch_up_timeout_ms / 1000)
+        except FleetError as error:
+            raise OSError(f"fleet {self.settings.fleet.id!r}: {error}") from error
+        # Records the reader handed over before it reported the catch-up are applied by now:
+        # the loop runs call_soon_threadsafe callbacks in order.
+        self.fleet = fleet
+        self.metrics.registry.register(FleetCollector(fleet))
+
+    def _apply_fleet(self, records: list[FleetRecord]) -> None:
+        """Other members' admissions, on the event loop: their PIDs become known here and, in
+        fleet scope, their tokens are debited here, each at the time it was taken."""
+        fleet_scope = self.settings.fleet.scope == "fleet"
+        now_ms = quota_clock_ms()
+        for record in records:
+            self.quota.learn(
+                record.principal,
+                record.new_producer_ids + record.known_producer_ids,
+                len(record.new_producer_ids) if fleet_scope else 0,
+                min(record.ts_ms, now_ms),
+            )
 
     def _open_event_log(self, settings: Settings) -> EventLog | None:
         config = settings.event_log
@@ -225,6 +289,9 @@ class ProxyServer:
             }
         )
         state["connections"] = len(self.context.connections)
+        if self.fleet is not None:
+            state["fleet"] = {"id": self.settings.fleet.id, "scope": self.settings.fleet.scope}
+            state["fleet"].update(self.fleet.status())
         state["listeners"] = {
             "bootstrap": "{}:{}".format(*self.bootstrap_address) if self._bootstrap else None,
             "brokers": self.broker_listener_ports,
@@ -280,6 +347,7 @@ class ProxyServer:
         # Enforcement begins now for every principal without saved state: learn the PID
         # frontier before the first request is read (bounded by the probe timeout).
         await self._resolve_enforcement(self.quota.begin_enforcement(quota_clock_ms()), "start")
+        await self._start_fleet()
         self._bootstrap = await loop.create_server(
             lambda: ClientConnection(
                 self.context,
@@ -337,6 +405,8 @@ class ProxyServer:
             await self._admin.stop()
         if self._shared_store is not None:
             await asyncio.to_thread(self._shared_store.stop)
+        if self.fleet is not None:
+            await asyncio.to_thread(self.fleet.stop)
         await asyncio.to_thread(self._prober.close)
         if self.event_log is not None:
             await asyncio.to_thread(self.event_log.close)

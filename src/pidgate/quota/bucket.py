@@ -41,8 +41,10 @@ class TokenBucket:
             raise ValueError(f"rate must be >= 0, got {self.rate}")
         if self.window_ms < 1:
             raise ValueError(f"window_ms must be >= 1, got {self.window_ms}")
-        if not 0 <= self.level <= self.capacity_units:
-            raise ValueError(f"level {self.level} outside [0, {self.capacity_units}]")
+        if not -self.debt_limit_units <= self.level <= self.capacity_units:
+            raise ValueError(
+                f"level {self.level} outside [{-self.debt_limit_units}, {self.capacity_units}]"
+            )
 
     @classmethod
     def full(cls, rate: int, window_ms: int, now_ms: int) -> TokenBucket:
@@ -52,6 +54,12 @@ class TokenBucket:
     @property
     def capacity_units(self) -> int:
         return self.rate * self.window_ms
+
+    @property
+    def debt_limit_units(self) -> int:
+        """How far below empty fleet debits may take the bucket (``debit``): ten windows'
+        quota, a bound on the numbers only (a fleet repays a collision within a few tokens)."""
+        return 10 * self.capacity_units
 
     def refill(self, now_ms: int) -> TokenBucket:
         """The bucket as it stands at ``now_ms``: ``rate`` units per elapsed ms, capped."""
@@ -80,6 +88,17 @@ class TokenBucket:
             current.rate, current.window_ms, current.level - need, current.updated_ms
         )
 
+    def debit(self, n: int, now_ms: int) -> TokenBucket:
+        """The bucket after another fleet member took ``n`` tokens at ``now_ms``: never refused,
+        and it may go below empty (a debt, bounded by ``debt_limit_units``). When members spend
+        the same last tokens at once, each then debits the others' too, and the debt is repaid
+        by refill before anyone admits again: the fleet's long-run rate stays the quota, and
+        the overshoot is the tokens spent within one lag (proxy/fleet.py). Persisted as empty
+        (quota/persistence.py): a restart forgets at most that much debt."""
+        current = self.refill(now_ms)
+        level = max(-self.debt_limit_units, current.level - n * self.window_ms)
+        return TokenBucket(current.rate, current.window_ms, level, current.updated_ms)
+
     def time_until_available_ms(self, n: int, now_ms: int) -> int:
         """Milliseconds from ``now_ms`` until the bucket holds ``n`` tokens (0 if it does now),
         rounded up so that retrying after that long succeeds.
@@ -105,5 +124,5 @@ class TokenBucket:
         change never grants tokens), and clamps them to the new capacity."""
         current = self if now_ms is None else self.refill(now_ms)
         level = current.level * window_ms // current.window_ms
-        level = min(level, rate * window_ms)
+        level = max(min(level, rate * window_ms), -10 * rate * window_ms)
         return replace(current, rate=rate, window_ms=window_ms, level=level)

@@ -119,6 +119,18 @@ class LayeredBloomFilter:
                 return IN_OLDER
         return ABSENT
 
+    def newest_start_holding(self, positions: tuple[int, ...], now_ms: int) -> int | None:
+        """When the newest live layer that holds the PID started (None: no live layer does).
+        Off the hot path: the fleet asks it once per refreshed PID, to re-announce a PID at most
+        once per half window."""
+        dead_before = now_ms - self.window_ms
+        for layer in reversed(self._layers):
+            if layer.last_write_ms <= dead_before:
+                return None
+            if layer.bloom.contains(positions):
+                return layer.start_ms
+        return None
+
     def contains(self, positions: tuple[int, ...], now_ms: int) -> bool:
         return self.lookup(positions, now_ms) != ABSENT
 

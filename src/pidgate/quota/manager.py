@@ -72,6 +72,9 @@ class Admitted:
     refreshed_count: int
     tracked: bool = True
     grandfathered_producer_ids: tuple[int, ...] = ()
+    #: Known PIDs refreshed by this request that a fleet should re-announce (at most once per
+    #: half window each; only computed when ``QuotaManager.announce_refreshes`` is set).
+    announced_producer_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +146,8 @@ class QuotaManager:
 
     def __init__(self, policy: QuotaPolicy) -> None:
         self._policy = policy
+        #: Set by a fleet member: ``Admitted.announced_producer_ids`` is then filled in.
+        self.announce_refreshes = False
         # Least recently active first: admit() moves a principal to the end, eviction pops the
         # front, both O(1).
         self._principals: OrderedDict[str, _Principal] = OrderedDict()
@@ -280,7 +285,7 @@ class QuotaManager:
             self._total_bits -= dropped * shape.bit_count
         # Positions once per distinct PID; every layer is tested with the same tuple.
         in_current = False
-        stale: list[tuple[int, ...]] = []
+        stale: list[tuple[int, tuple[int, ...]]] = []
         unknown: list[tuple[int, tuple[int, ...]]] = []
         unique = producer_ids if len(producer_ids) == 1 else dict.fromkeys(producer_ids)
         cache = self._positions_cache
@@ -297,7 +302,7 @@ class QuotaManager:
                 unknown.append((pid, positions))
                 continue
             else:
-                stale.append(positions)
+                stale.append((pid, positions))
             if cached is None:
                 self._remember_positions(pid, shape, positions)
 
@@ -329,12 +334,15 @@ class QuotaManager:
                 state.bucket = bucket
 
         self._principals.move_to_end(principal)
+        announced = (
+            self._to_announce(seen, stale, now_ms) if stale and self.announce_refreshes else ()
+        )
         bits_before = seen.total_bits
         # Touch first: adds below may roll a new layer, and the PIDs found in the (then
         # previous) current layer must stay alive a full window from now.
         if in_current:
             seen.touch(now_ms)
-        for positions in stale:
+        for _, positions in stale:
             seen.add(positions, now_ms)
         for pid, positions in unknown:
             seen.add(positions, now_ms)
@@ -350,8 +358,67 @@ class QuotaManager:
                 tuple(pid for pid, _ in unknown if pid not in free),
                 len(stale),
                 grandfathered_producer_ids=grandfathered,
+                announced_producer_ids=announced,
             )
-        return Admitted(tuple(pid for pid, _ in unknown), len(stale))
+        return Admitted(
+            tuple(pid for pid, _ in unknown), len(stale), announced_producer_ids=announced
+        )
+
+    def _to_announce(
+        self,
+        seen: LayeredBloomFilter,
+        stale: list[tuple[int, tuple[int, ...]]],
+        now_ms: int,
+    ) -> tuple[int, ...]:
+        """The refreshed PIDs whose newest copy was written in an earlier half window than
+        ``now_ms``: an active PID is refreshed once per layer span, and re-announced to the
+        fleet only when that crosses a half-window boundary (issue "fleet": topic traffic
+        bounded by active PIDs per half window)."""
+        half = max(1, self._policy.window_ms // 2)
+        epoch = now_ms // half
+        found: list[int] = []
+        for pid, positions in stale:
+            start = seen.newest_start_holding(positions, now_ms)
+            if start is None or start // half != epoch:
+                found.append(pid)
+        return tuple(found)
+
+    def learn(
+        self,
+        principal: str,
+        known_producer_ids: Collection[int],
+        taken_tokens: int,
+        now_ms: int,
+    ) -> bool:
+        """Apply what another fleet member admitted: ``known_producer_ids`` become known here
+        too (refreshed into the newest layer), and ``taken_tokens`` are debited from this
+        principal's bucket (0 in ``instance`` scope). An unlimited principal is not tracked, so
+        nothing is learnt for it. Returns whether anything was applied."""
+        state = self._principals.get(principal)
+        if state is None:
+            rate = self._policy.rate_for(principal)
+            if rate is None:
+                return False
+            policy = self._policy
+            shape = BloomShape.for_capacity(
+                policy.layer_items_for(rate), policy.false_positive_rate
+            )
+            state = _Principal(
+                LayeredBloomFilter(shape, policy.window_ms, policy.window_num),
+                TokenBucket.full(rate, policy.window_ms, now_ms),
+                self._enforcement_for_new(principal, now_ms),
+            )
+            self._principals[principal] = state
+        seen = state.seen
+        bits_before = seen.total_bits
+        for pid in dict.fromkeys(known_producer_ids):
+            seen.refresh(bloom_positions(pid, seen.shape), now_ms)
+        if taken_tokens > 0:
+            state.bucket = state.bucket.debit(taken_tokens, now_ms)
+        self._principals.move_to_end(principal)
+        self._total_bits += seen.total_bits - bits_before
+        self._enforce_caps(now_ms)
+        return True
 
     def _remember_positions(self, pid: int, shape: BloomShape, positions: tuple[int, ...]) -> None:
         """Cache the positions of a PID that is known (found, or just admitted). Rejected PIDs

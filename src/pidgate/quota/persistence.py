@@ -289,7 +289,7 @@ def encode_state(snapshot: StateSnapshot) -> bytes:
         w.text(record.principal)
         w.uv(bucket.rate)
         w.uv(bucket.window_ms)
-        w.uv(bucket.level)
+        w.uv(max(0, bucket.level))  # a fleet debt (bucket.debit) is kept as empty
         w.sv(bucket.updated_ms)
         w.uv(shape.bit_count)
         w.uv(shape.hash_count)
