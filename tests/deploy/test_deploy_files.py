@@ -577,7 +577,7 @@ _ALERT_CASES: list[dict[str, Any]] = [
     },
     {
         "series": {
-            'pidgate_producer_id_wait_seconds_max{job="pidgate",instance="p:9404",user="bob"}': "0 30 90 150 210 270 330",  # noqa: E501
+            'pidgate_producer_ids_waiting_over_half_delivery_timeout{job="pidgate",instance="p:9404",user="bob"}': "0 0 1 1 1 1 1",  # noqa: E501
         },
         "alert": "PidgateProducerIdsWaitingLong",
         "quiet_at": "1m",
