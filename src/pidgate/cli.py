@@ -7,6 +7,7 @@ Every ``serve`` flag maps onto a settings key, which also has a config-file key 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -107,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         + _env("event_log", "directory"),
     )
     serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="serve with N processes sharing the listeners (Linux), one fleet; default 1 "
+        + _env("proxy", "workers"),
+    )
+    serve.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         help=_env("logging", "level"),
@@ -136,6 +144,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         ("advertised_host", "advertised_host"),
         ("broker_port_base", "broker_port_base"),
         ("mode", "mode"),
+        ("workers", "workers"),
     ):
         if getattr(args, flag) is not None:
             proxy[key] = getattr(args, flag)
@@ -186,9 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"pidgate: {error}", file=sys.stderr)
         return 2
+    reload_settings = functools.partial(load_settings, config_file, environ, overrides)
+    if settings.proxy.workers > 1:
+        from pidgate.proxy.workers import run_workers
+
+        return run_workers(settings, reload_settings)
     from pidgate.proxy.runtime import run_proxy
 
-    return run_proxy(settings, lambda: load_settings(config_file, environ, overrides))
+    return run_proxy(settings, reload_settings)
 
 
 if __name__ == "__main__":

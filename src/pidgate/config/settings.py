@@ -202,6 +202,18 @@ class ProxySettings(_Frozen):
     upstream: tuple[HostPort, ...] = Field(
         (), description="upstream broker(s) HOST:PORT, tried in order for bootstrap (required)"
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes serving the same listeners (Linux SO_REUSEPORT), each a fleet "
+        'member; their admin HTTP is merged on admin.listen (README "Fleets")',
+    )
+    reuse_port: bool = Field(
+        False,
+        description="open listeners with SO_REUSEPORT so several processes share them (set "
+        "for each worker by --workers)",
+    )
     mode: Literal["gateway", "sidecar"] = Field(
         "gateway",
         description="gateway: one pidgate for a cluster; sidecar: one pidgate per broker",

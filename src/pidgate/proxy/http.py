@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pidgate.proxy.logs import RateLimitedLog
-from pidgate.proxy.metrics import ProxyMetrics
 
 __all__ = ["MAX_REQUEST_HEAD_BYTES", "AdminHttpServer"]
 
@@ -94,13 +94,19 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes | None:
             raise _BadRequest(_Response(431, b"request head too large\n"))
 
 
+class MetricsSource(Protocol):
+    """What /metrics renders: a ``ProxyMetrics``, or the --workers supervisor's merge."""
+
+    def render(self) -> bytes | Awaitable[bytes]: ...
+
+
 class AdminHttpServer:
     """Serves the admin endpoints; ``start`` binds, ``stop`` closes every connection."""
 
     def __init__(
         self,
-        metrics: ProxyMetrics,
-        state: Callable[[], dict[str, Any]],
+        metrics: MetricsSource,
+        state: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
         ready: Callable[[], Awaitable[bool]],
         *,
         read_timeout_s: float = 10.0,
@@ -202,7 +208,10 @@ class AdminHttpServer:
 
     async def _route(self, path: str) -> _Response:
         if path == "/metrics":
-            return _Response(200, self._metrics.render(), CONTENT_TYPE_PLAIN_0_0_4)
+            rendered = self._metrics.render()
+            if inspect.isawaitable(rendered):  # the --workers supervisor asks its workers
+                rendered = await rendered
+            return _Response(200, rendered, CONTENT_TYPE_PLAIN_0_0_4)
         if path == "/healthz":
             # The event loop answered: the process runs. Upstream trouble is /readyz's business,
             # so a broker outage never gets pidgate restarted by its liveness probe.
@@ -214,8 +223,11 @@ class AdminHttpServer:
                 self._log.warning("readiness_check_failed", key="ready", error=repr(error))
                 ok = False
             return _Response(200, b"ready\n") if ok else _Response(503, b"not ready\n")
-        body = json.dumps(self._state(), indent=2, sort_keys=True, default=str) + "\n"
-        return _Response(200, body.encode("utf-8"), _JSON)
+        state = self._state()
+        if inspect.isawaitable(state):
+            state = await state
+        text = json.dumps(state, indent=2, sort_keys=True, default=str) + "\n"
+        return _Response(200, text.encode("utf-8"), _JSON)
 
     @staticmethod
     async def _write(writer: asyncio.StreamWriter, response: _Response, head_only: bool) -> None:

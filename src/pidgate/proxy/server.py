@@ -357,6 +357,7 @@ class ProxyServer:
             listen.host,
             listen.port,
             reuse_address=True,
+            reuse_port=self.settings.proxy.reuse_port or None,
             ssl=self._client_ssl,
         )
         await self._start_shared_store()
@@ -457,6 +458,7 @@ class ProxyServer:
                 host,
                 port,
                 reuse_address=True,
+                reuse_port=self.settings.proxy.reuse_port or None,
                 ssl=self._client_ssl,
             )
         except (OSError, OverflowError) as error:  # OverflowError: base + node_id > 65535
