@@ -101,7 +101,7 @@ def test_a_throttled_producer_recovers_within_the_cap_of_the_quota_being_raised(
     assert len(acked) == RECORDS
     # Retried within the cap (plus a token's 0.1 s and the client's own backoff) of the quota
     # being raised, not after the hour the quota first asked it to wait.
-    assert min(acked) - raised_at < CAP_MS / 1000 + 1.5
+    assert min(acked) - raised_at < CAP_MS / 1000 + 3.0
 
 
 def test_a_rejection_carries_the_capped_throttle_and_mutes_for_it(
