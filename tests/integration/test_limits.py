@@ -133,7 +133,7 @@ def test_quota_failure_policy_end_to_end(start_proxy: StartProxy, policy: str) -
     gate = start_proxy(
         quota=anonymous_quota(producer_ids_rate=100, window_seconds=60),
         proxy={"quota_failure_policy": policy, "quota_failure_throttle_ms": 1500},
-        rejection={"max_throttle_time_ms": 0},
+        rejection={"max_throttle_time_ms": 5000},  # above the failure throttle: sent as is
     )
     topic = unique_name("fail-policy")
     create_topic(gate.bootstrap, topic)
