@@ -15,6 +15,7 @@ from typing import Any
 
 from pidgate import __version__
 from pidgate.config import DEFAULT_USER_ENTITY, ConfigError, env_var_name, load_settings
+from pidgate.config.loader import service_link_variables
 
 _WINDOW_SECONDS_KEY = "producer.id.quota.window.size.seconds"
 _WINDOW_NUM_KEY = "producer.id.quota.window.num"
@@ -188,7 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from pidgate.proxy.runtime import run_proxy
 
-    return run_proxy(settings, lambda: load_settings(config_file, environ, overrides))
+    return run_proxy(
+        settings,
+        lambda: load_settings(config_file, environ, overrides),
+        ignored_environment=service_link_variables(environ),
+    )
 
 
 if __name__ == "__main__":
