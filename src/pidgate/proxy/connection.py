@@ -712,6 +712,8 @@ class ClientConnection(asyncio.Protocol):
             return self._client_quotas(header, payload, body)
         elif header.api_key == SASL_HANDSHAKE and sasl is not None:
             sasl.on_handshake_request(body, header.api_version)
+        elif header.api_key == SASL_HANDSHAKE:
+            self._context.notices.sasl_without_identity(self.peer)
         elif header.api_key == SASL_AUTHENTICATE and sasl is not None:
             sasl.on_authenticate_request(body, header.api_version)
         elif header.api_key == API_VERSIONS:
