@@ -40,16 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pidgate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", type=Path, help="YAML config file (env PIDGATE_CONFIG)")
+    serve = commands.add_parser(
+        "serve",
+        help="run the proxy",
+        description="Run pidgate in front of Kafka brokers: forward every request, throttle "
+        "principals that activate too many new producer IDs. Every flag is also a config-file "
+        "key and a PIDGATE_* environment variable; flags win over the environment, which wins "
+        "over the file. Keys without a flag: see the README's configuration reference.",
+    )
+    serve.add_argument(
+        "--config", type=Path, help="YAML config file; default: none (env PIDGATE_CONFIG)"
+    )
     serve.add_argument(
         "--upstream",
         action="append",
         metavar="HOST:PORT",
-        help="upstream broker; repeat for several bootstrap brokers " + _env("proxy", "upstream"),
+        help="upstream broker; repeat for several bootstrap brokers; required here, in the file or "
+        "in the environment " + _env("proxy", "upstream"),
     )
     serve.add_argument(
-        "--listen", metavar="HOST:PORT", help="bootstrap listener " + _env("proxy", "listen")
+        "--listen",
+        metavar="HOST:PORT",
+        help="bootstrap listener, default 127.0.0.1:9092 " + _env("proxy", "listen"),
     )
     serve.add_argument(
         "--advertised-host",
@@ -65,22 +77,24 @@ def build_parser() -> argparse.ArgumentParser:
         "port + 1 " + _env("proxy", "broker_port_base"),
     )
     serve.add_argument(
-        "--mode", choices=("gateway", "sidecar"), help="routing mode " + _env("proxy", "mode")
+        "--mode",
+        choices=("gateway", "sidecar"),
+        help="routing mode, default gateway " + _env("proxy", "mode"),
     )
     serve.add_argument(
         "--default-producer-ids-rate",
         type=int,
         metavar="N",
-        help="new PIDs per window for users without their own quota (users.<default>) "
-        + _env("quota", "users"),
+        help="new PIDs per window for users without their own quota (users.<default>); "
+        "default: unlimited " + _env("quota", "users"),
     )
     serve.add_argument(
         "--producer-ids-rate",
         action="append",
         type=_user_rate,
         metavar="USER=N",
-        help="new PIDs per window for one user; ANONYMOUS=5 targets PLAINTEXT clients "
-        + _env("quota", "users"),
+        help="new PIDs per window for one user; ANONYMOUS=5 targets PLAINTEXT clients; "
+        "default: none " + _env("quota", "users"),
     )
     serve.add_argument(
         "--quota-window-seconds",
@@ -110,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
-        help=_env("logging", "level"),
+        help="log level, default info " + _env("logging", "level"),
     )
 
     _add_quotas_parser(commands)
@@ -122,11 +136,28 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="embedded broker + pidgate + a steady producer and a restart storm, shown live",
+        description="Start an embedded tansu broker with pidgate in front, a steady producer "
+        "and a restart storm of short-lived producers, and show throttling and recovery live. "
+        "Needs nothing installed beyond pidgate.",
     )
     demo.add_argument(
-        "--duration", type=float, default=45.0, metavar="S", help="stop after S seconds (45)"
+        "--duration", type=float, default=45.0, metavar="S", help="stop after S seconds, default 45"
     )
+    _describe_from_help(parser)
     return parser
+
+
+def _describe_from_help(parser: argparse.ArgumentParser) -> None:
+    """A subcommand without its own description gets its one-line help as the description,
+    so every ``--help`` says what the command does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, child in action.choices.items():
+                if not child.description and helps.get(name):
+                    text = str(helps[name])
+                    child.description = text[0].upper() + text[1:] + "."
+                _describe_from_help(child)
 
 
 def _add_quotas_parser(commands: Any) -> None:
@@ -172,8 +203,8 @@ def _add_quotas_parser(commands: Any) -> None:
         entity.add_argument(
             "--user",
             metavar="NAME",
-            help="the user (without User:)"
-            + ("; default: every user" if name == "describe" else ""),
+            help="the user (without User:); "
+            + ("default: every user" if name == "describe" else "this or --default is required"),
         )
         entity.add_argument(
             "--default", action="store_true", help="the default user (users.<default>)"
