@@ -398,7 +398,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         if self in self._context.connections:
             self._context.connections.discard(self)
-            self._context.traffic.connection_closed()
+            self._context.traffic.connection_closed(self.peer)
         if self._limits is not None and self._counted_ip is not None:
             self._limits.release(self._counted_ip)
             self._counted_ip = None
