@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pidgate.config import Settings
-from pidgate.protocol.api_versions import proxy_api_version_limits
+from pidgate.protocol.api_versions import inspected_api_version_limits
 from pidgate.protocol.client_quotas import QuotaChange
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import (
@@ -134,7 +134,7 @@ class ProxyServer:
             ),
             router=self.router,
             log=log,
-            api_version_limits=proxy_api_version_limits(),
+            api_version_limits=inspected_api_version_limits(),
             identity=IdentityPolicy(settings),
             upstream_ssl=upstream_ssl_context(settings.upstream_tls),
             traffic=self.metrics,
