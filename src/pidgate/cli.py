@@ -210,6 +210,14 @@ def _add_quotas_parser(commands: Any) -> None:
         entity.add_argument(
             "--default", action="store_true", help="the default user (users.<default>)"
         )
+        if name != "describe":
+            action.add_argument(
+                "--each-node",
+                action="store_true",
+                help="send the change through every broker node the cluster metadata names, "
+                "not just one: in sidecar mode each is a pidgate of the fleet (without a shared "
+                "quota store each keeps its own quotas); default: one node",
+            )
         if name == "set":
             action.add_argument(
                 "--producer-ids-rate",
@@ -245,7 +253,10 @@ def run_quotas(args: argparse.Namespace) -> int:
                 sys.stdout.write(format_describe(client.describe(user, default=args.default)))
                 return 0
             rate = args.producer_ids_rate if args.quotas_action == "set" else None
-            client.set_rate(user, rate)
+            for node_id in client.node_ids() if args.each_node else [None]:
+                client.set_rate(user, rate, node_id)
+                if node_id is not None:
+                    print(f"node {node_id}: done")
     except QuotaClientError as error:
         print(f"pidgate: {error}", file=sys.stderr)
         return 1

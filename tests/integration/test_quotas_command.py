@@ -198,3 +198,19 @@ def test_sasl_through_a_pidgate_observing_sasl(
             code, _, _ = run(capsys, "delete", *args, "--default", "--timeout-ms", "3000")
             assert code == 1
             assert rates(proxy) == {"<default>": 12}
+
+
+def test_each_node_goes_through_every_listener_metadata_names(
+    start_proxy: Callable[..., BackgroundProxy], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--each-node: one AlterClientQuotas per node in the (rewritten) metadata. In sidecar mode
+    those are the fleet's pidgates; one tansu broker makes no fleet, so this checks the path
+    through the gateway's per-broker listener (node 111)."""
+    proxy = start_proxy()
+    code, out, err = run(
+        capsys, "set", "--bootstrap-server", proxy.bootstrap, "--each-node", "--user", "erin",
+        "--producer-ids-rate", "6",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out == f"node {TANSU_NODE_ID}: done\nCompleted updating config for user erin.\n"
+    assert rates(proxy) == {"erin": 6}

@@ -136,11 +136,15 @@ class QuotaClient:
     def close(self) -> None:
         self._admin.close()
 
-    def _send(self, request: Any) -> Any:
+    def _send(self, request: Any, node_id: int | None = None) -> Any:
         async def send() -> Any:
-            return await self._manager.send(request)
+            return await self._manager.send(request, node_id=node_id)
 
         return self._manager.run(send)
+
+    def node_ids(self) -> list[int]:
+        """The broker nodes the cluster metadata (as pidgate rewrote it) names."""
+        return sorted(int(broker.node_id) for broker in self._manager.cluster.brokers())
 
     def describe(self, user: str | None = None, *, default: bool = False) -> list[DescribedEntry]:
         """``--user NAME``: that user's own quotas; ``default``: users.<default>; neither: every
@@ -169,15 +173,15 @@ class QuotaClient:
             for entry in response.entries or ()
         ]
 
-    def set_rate(self, user: str | None, rate: int | None) -> None:
+    def set_rate(self, user: str | None, rate: int | None, node_id: int | None = None) -> None:
         """Set (or with ``rate`` None remove) ``producer_ids_rate`` of ``user`` (None: the
-        default user)."""
+        default user), through ``node_id``'s listener (None: any)."""
         op = (PRODUCER_IDS_RATE, float(rate or 0), rate is None)
         request = AlterClientQuotasRequest(
             entries=[([(_USER, user)], [op])],
             validate_only=False,
         )
-        response = self._send(request)
+        response = self._send(request, node_id)
         for entry in response.entries or ():
             if int(entry.error_code):
                 raise _error("AlterClientQuotas", int(entry.error_code), entry.error_message)
