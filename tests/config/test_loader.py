@@ -9,6 +9,7 @@ import pytest
 
 from pidgate.cli import build_parser, serve_overrides
 from pidgate.config import ConfigError, env_var_name, load_settings
+from pidgate.config.loader import service_link_variables
 
 UPSTREAM = {"proxy": {"upstream": ["127.0.0.1:9092"]}}
 
@@ -126,3 +127,64 @@ def test_settings_are_immutable() -> None:
     settings = load_settings(cli_overrides=UPSTREAM)
     with pytest.raises(ValueError, match="frozen"):
         settings.proxy.mode = "sidecar"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "PIDGATE_PORT",
+        "PIDGATE_PORT_9092_TCP",
+        "PIDGATE_PORT_9092_TCP_PROTO",
+        "PIDGATE_PORT_9092_TCP_PORT",
+        "PIDGATE_PORT_9092_TCP_ADDR",
+        "PIDGATE_SERVICE_HOST",
+        "PIDGATE_SERVICE_PORT",
+        "PIDGATE_SERVICE_PORT_PIDGATE_CLIENT",
+        "PIDGATE_ADMIN_PORT",
+        "PIDGATE_ADMIN_SERVICE_HOST",
+        "PIDGATE_ADMIN_PORT_9404_TCP_ADDR",
+    ],
+)
+def test_kubernetes_service_links_are_ignored_and_listed(name: str) -> None:
+    """A Service named pidgate (or pidgate-admin) injects these into every pod of the
+    namespace; they must not crash-loop the pod."""
+    environ = {name: "tcp://10.96.0.12:9092", "PIDGATE_PROXY_LISTEN": "127.0.0.1:19092"}
+    settings = load_settings(environ=environ, cli_overrides=UPSTREAM)
+    assert str(settings.proxy.listen) == "127.0.0.1:19092"
+    assert service_link_variables(environ) == [name]
+
+
+def test_settings_are_never_taken_for_service_links() -> None:
+    environ = {"PIDGATE_ADMIN_LISTEN": "127.0.0.1:1", "PIDGATE_PROXY_MODE": "gateway"}
+    assert service_link_variables(environ) == []
+    # Only the exact Kubernetes shapes are ignored; anything else unknown still stops start-up.
+    for name in ("PIDGATE_PROXY_PORTS", "PIDGATE_PORT_TCP", "PIDGATE_SERVICE_HOSTNAME"):
+        with pytest.raises(ConfigError, match=f"{name} is not a pidgate setting"):
+            load_settings(environ={name: "1"}, cli_overrides=UPSTREAM)
+
+
+def test_typos_get_a_did_you_mean(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"PIDGATE_PROXY_LISTN .*did you mean PIDGATE_PROXY_LISTEN"
+    ):
+        load_settings(environ={"PIDGATE_PROXY_LISTN": "x:1"}, cli_overrides=UPSTREAM)
+    config = write(tmp_path, "proxy: {upstream: [a:1], listne: 'x:1'}\nqouta: {}\n")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config)
+    message = str(raised.value)
+    assert (
+        f"proxy.listne: unknown key (did you mean listen?) (from config file {config})" in message
+    )
+    assert "qouta: unknown key (did you mean quota?)" in message
+
+
+def test_errors_name_where_the_value_came_from(tmp_path: Path) -> None:
+    config = write(tmp_path, "proxy: {upstream: [a:1], mode: sidecars}\n")
+    with pytest.raises(ConfigError, match=f"proxy.mode: .*from config file {config}"):
+        load_settings(config)
+    with pytest.raises(
+        ConfigError, match=r"proxy.mode: .*from environment variable PIDGATE_PROXY_MODE"
+    ):
+        load_settings(config, {"PIDGATE_PROXY_MODE": "sidecars"})
+    with pytest.raises(ConfigError, match=r"proxy.mode: .*from the command line"):
+        load_settings(config, {}, {"proxy": {"mode": "sidecars"}})

@@ -41,7 +41,7 @@ CONTRACT_METRICS = frozenset(
     {
         "pidgate_producer_ids_rate",
         "pidgate_producer_ids_tokens",
-        "pidgate_producer_ids_throttle_time_ms",
+        "pidgate_producer_ids_throttle_time_seconds",
         "pidgate_requests_total",
         "pidgate_request_bytes_total",
         "pidgate_response_bytes_total",
@@ -53,7 +53,7 @@ CONTRACT_METRICS = frozenset(
         "pidgate_produce_requests_rejected_total",
         "pidgate_producer_ids_refreshed_total",
         "pidgate_bloom_layers",
-        "pidgate_bloom_bits",
+        "pidgate_bloom_filter_bytes",
         "pidgate_bloom_false_positive_rate_estimate",
         "pidgate_principals_tracked",
         "pidgate_principals_evicted_total",
@@ -63,6 +63,14 @@ CONTRACT_METRICS = frozenset(
         "pidgate_producer_ids_waiting_over_half_delivery_timeout",
         "pidgate_producer_ids_waiting_over_delivery_timeout",
         "pidgate_produce_requests_held_total",
+        "pidgate_producer_ids_throttled_total",
+        "pidgate_quota_failures_total",
+        "pidgate_event_log_events_written_total",
+        "pidgate_event_log_events_dropped_total",
+        "pidgate_event_log_write_errors_total",
+        "pidgate_build_info",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
     }
 )
 _HISTOGRAMS = frozenset({"pidgate_upstream_latency_seconds"})
@@ -577,7 +585,9 @@ _ALERT_CASES: list[dict[str, Any]] = [
     },
     {
         "series": {
-            'pidgate_producer_ids_waiting_over_half_delivery_timeout{job="pidgate",instance="p:9404",user="bob"}': "0 0 1 1 1 1 1",  # noqa: E501
+            # The alert counts PIDs past half the delivery timeout (it used to read the longest
+            # wait; this case still fed that series and failed where promtool is installed).
+            'pidgate_producer_ids_waiting_over_half_delivery_timeout{job="pidgate",instance="p:9404",user="bob"}': "0 0 0 2 2 2 2",  # noqa: E501
         },
         "alert": "PidgateProducerIdsWaitingLong",
         "quiet_at": "1m",
@@ -633,6 +643,26 @@ _ALERT_CASES: list[dict[str, Any]] = [
         "alert": "PidgatePrincipalsEvicted",
         "quiet_at": "2m",
         "fires_at": "5m",
+        "labels": [{"severity": "warning", "job": "pidgate", "instance": "p:9404"}],
+    },
+    {
+        "series": {
+            'pidgate_quota_failures_total{job="pidgate",instance="p:9404"}': "0 0 0 3 9 9",
+            'pidgate_quota_failures_total{job="pidgate",instance="q:9404"}': "0 0 0 0 0 0",
+        },
+        "alert": "PidgateQuotaFailing",
+        "quiet_at": "2m",
+        "fires_at": "5m",
+        "labels": [{"severity": "critical", "job": "pidgate", "instance": "p:9404"}],
+    },
+    {
+        "series": {
+            'pidgate_event_log_events_dropped_total{job="pidgate",instance="p:9404"}': "0 0 0 40 40",  # noqa: E501
+            'pidgate_event_log_write_errors_total{job="pidgate",instance="p:9404"}': "0 0 0 0 0",
+        },
+        "alert": "PidgateEventLogDropping",
+        "quiet_at": "2m",
+        "fires_at": "4m",
         "labels": [{"severity": "warning", "job": "pidgate", "instance": "p:9404"}],
     },
     {
@@ -738,13 +768,13 @@ def test_dashboard_shows_what_the_operator_needs() -> None:
     for name in (
         "pidgate_producer_ids_rate",
         "pidgate_producer_ids_tokens",
-        "pidgate_producer_ids_throttle_time_ms",
+        "pidgate_producer_ids_throttle_time_seconds",
         "pidgate_producer_ids_new_total",
         "pidgate_producer_ids_rejected_total",
         "pidgate_requests_total",
         "pidgate_upstream_latency_seconds_bucket",
         "pidgate_connections",
-        "pidgate_bloom_bits",
+        "pidgate_bloom_filter_bytes",
         "pidgate_bloom_layers",
         "pidgate_bloom_false_positive_rate_estimate",
         "pidgate_principals_tracked",
@@ -781,6 +811,7 @@ def _exported_metric_names() -> set[str]:
     included (per-user families are empty until a user shows up)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from pidgate.proxy.event_log import EventLogStats
     from pidgate.proxy.metrics import ProxyMetrics
     from pidgate.quota.manager import QuotaManager
     from pidgate.quota.policy import QuotaPolicy
@@ -793,6 +824,7 @@ def _exported_metric_names() -> set[str]:
     metrics.response(0, 60, 0.002)
     metrics.protocol_error("oversized_frame")
     metrics.config_reloaded(False)
+    metrics.event_log_stats = lambda: EventLogStats(1, 0, 0, 0, 0, 1)
 
     names: set[str] = set()
     for family in text_string_to_metric_families(metrics.render().decode("utf-8")):

@@ -298,6 +298,7 @@ class PidgateProcess:
         listen_port: int,
         broker_port_base: int | None = None,
         extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.listen_port = listen_port
         self.bootstrap = f"127.0.0.1:{listen_port}"
@@ -322,14 +323,15 @@ class PidgateProcess:
             args += ["--broker-port-base", str(broker_port_base)]
         self.admin_port = free_port()
         args += ["--http", f"127.0.0.1:{self.admin_port}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIDGATE_")}
-        env["PIDGATE_LOGGING_FORMAT"] = "json"
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("PIDGATE_")}
+        environ["PIDGATE_LOGGING_FORMAT"] = "json"
+        environ.update(env or {})
         self.process = subprocess.Popen(
             args,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=environ,
         )
 
     @property

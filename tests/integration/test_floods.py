@@ -651,7 +651,7 @@ def test_100k_principals_are_capped_evicted_idlest_first_and_counted() -> None:
                         principals_done=sum(len(p) for p in produced),
                         tracked=metric(now, "pidgate_principals_tracked"),
                         evicted=metric(now, "pidgate_principals_evicted_total"),
-                        bits=metric(now, "pidgate_bloom_bits"),
+                        bits=metric(now, "pidgate_bloom_filter_bytes") * 8,
                         rss=rss_bytes(gate.pid),
                     )
                 )
@@ -696,7 +696,11 @@ def test_100k_principals_are_capped_evicted_idlest_first_and_counted() -> None:
     assert memory["memory"]["principals_tracked"] == MAX_PRINCIPALS
     # Bloom memory: one layer per principal, under the bits cap at every sample.
     assert max(s.bits for s in samples) <= MAX_TOTAL_BITS
-    assert metric(final, "pidgate_bloom_bits") == MAX_PRINCIPALS * LAYER_BITS <= MAX_TOTAL_BITS
+    assert (
+        metric(final, "pidgate_bloom_filter_bytes") * 8
+        == MAX_PRINCIPALS * LAYER_BITS
+        <= MAX_TOTAL_BITS
+    )
 
     # Idlest first: on each connection, the principals still tracked are its latest ones.
     tracked = {p["principal"].removeprefix("User:") for p in memory["principals"]}
@@ -724,7 +728,7 @@ def test_100k_principals_are_capped_evicted_idlest_first_and_counted() -> None:
         pidgate_cpu_s=round(churn_cpu, 2),
         evicted=metric(final, "pidgate_principals_evicted_total"),
         tracked_max=max(s.tracked for s in samples),
-        bloom_bits=metric(final, "pidgate_bloom_bits"),
+        bloom_bits=metric(final, "pidgate_bloom_filter_bytes") * 8,
         bloom_bits_max=max(s.bits for s in samples),
         max_total_bits=MAX_TOTAL_BITS,
         rss_before=rss_before,

@@ -197,15 +197,18 @@ def test_produce_unknown_top_level_tag_without_endpoints() -> None:
 
 
 def test_other_apis_and_versions() -> None:
-    assert frozenset({0, 3, 10, 60}) == ENDPOINT_BEARING_APIS
-    assert rewrite_endpoints(1, 12, b"whatever", to_proxy) is None
+    assert frozenset({0, 1, 3, 10, 60}) == ENDPOINT_BEARING_APIS
+    assert rewrite_endpoints(1, 15, b"whatever", to_proxy) is None  # no node_endpoints < v16
+    assert rewrite_endpoints(2, 12, b"whatever", to_proxy) is None
     assert endpoints_in_response(18, 3, b"whatever") == ()
     with pytest.raises(UnsupportedApiError):
         rewrite_endpoints(3, 14, metadata(13), to_proxy)
 
 
 @given(
-    st.sampled_from([(3, 12), (10, 3), (10, 6), (60, 0), (0, 10), (0, 13), (3, 0)]),
+    st.sampled_from(
+        [(3, 12), (10, 3), (10, 6), (60, 0), (0, 10), (0, 13), (3, 0), (1, 16), (1, 18)]
+    ),
     st.binary(max_size=100),
 )
 def test_garbage_only_protocol_errors(key_version: tuple[int, int], data: bytes) -> None:

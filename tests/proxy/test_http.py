@@ -27,10 +27,11 @@ def run(test: Callable[[AdminHttpServer, dict[str, Any]], Awaitable[None]]) -> N
         metrics.request(0, 123)
         knobs: dict[str, Any] = {"ready": True, "state": {"principals": 2, "quotas": {"a": 5}}}
 
-        async def ready() -> bool:
+        async def ready() -> bool | str:
             if isinstance(knobs["ready"], Exception):
                 raise knobs["ready"]
-            return bool(knobs["ready"])
+            ready = knobs["ready"]
+            return ready if isinstance(ready, str) else bool(ready)
 
         server = AdminHttpServer(metrics, lambda: knobs["state"], ready, read_timeout_s=2.0)
         await server.start("127.0.0.1", 0)
@@ -102,6 +103,11 @@ def test_readyz_follows_the_ready_callable() -> None:
         assert (await get(server, "/readyz"))[:3:2] == (503, b"not ready\n")
         knobs["ready"] = ConnectionRefusedError("upstream down")
         assert (await get(server, "/readyz"))[0] == 503
+        knobs["ready"] = "broker listener for node 1: 127.0.0.1:9 in use"
+        assert (await get(server, "/readyz"))[:3:2] == (
+            503,
+            b"not ready: broker listener for node 1: 127.0.0.1:9 in use\n",
+        )
         knobs["ready"] = True
         assert (await get(server, "/readyz"))[0] == 200
 
@@ -191,7 +197,7 @@ def test_stop_closes_open_connections() -> None:
     async def main() -> None:
         metrics = ProxyMetrics(QuotaManager(QuotaPolicy()), lambda: 0)
 
-        async def ready() -> bool:
+        async def ready() -> bool | str:
             return True
 
         server = AdminHttpServer(metrics, dict, ready)

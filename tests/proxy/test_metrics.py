@@ -3,6 +3,8 @@ own parser; bounded label sets and memory; KIP-91 wait tracking on an injected c
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterable
 
 import pytest
@@ -24,7 +26,7 @@ REQUEST = ProduceRequestSummary(transactional_id=None, acks=-1, timeout_ms=30_00
 PER_USER_FAMILIES = (
     "pidgate_producer_ids_rate",
     "pidgate_producer_ids_tokens",
-    "pidgate_producer_ids_throttle_time_ms",
+    "pidgate_producer_ids_throttle_time_seconds",
     "pidgate_producer_ids_new_total",
     "pidgate_producer_ids_rejected_total",
     "pidgate_produce_requests_rejected_total",
@@ -106,8 +108,8 @@ def test_quota_decisions_export_exact_per_user_values() -> None:
     snapshot = {state.principal: state for state in quota.snapshot(clock.now_ms)}
     assert per_user(s, "pidgate_producer_ids_rate") == {"alice": 2, "bob": 5}
     assert per_user(s, "pidgate_producer_ids_tokens") == {"alice": 0.0, "bob": 4.0}
-    assert per_user(s, "pidgate_producer_ids_throttle_time_ms") == {
-        "alice": last.throttle_time_ms,
+    assert per_user(s, "pidgate_producer_ids_throttle_time_seconds") == {
+        "alice": last.throttle_time_ms / 1000,
         "bob": 0,
     }
     assert per_user(s, "pidgate_producer_ids_new_total") == {"alice": 2, "bob": 1}
@@ -121,7 +123,7 @@ def test_quota_decisions_export_exact_per_user_values() -> None:
         "alice": snapshot["User:alice"].estimated_false_positive_rate,
         "bob": snapshot["User:bob"].estimated_false_positive_rate,
     }
-    assert s["pidgate_bloom_bits"][()] == quota.total_bits > 0
+    assert s["pidgate_bloom_filter_bytes"][()] == quota.total_bits / 8 > 0
     assert s["pidgate_principals_tracked"][()] == 2
     assert s["pidgate_principals_evicted_total"][()] == 0
     # PIDs 3 and 4 are waiting (3 since the first rejection), nothing for long yet.
@@ -133,10 +135,10 @@ def test_admission_resets_throttle_time_and_counts_refreshes() -> None:
     _, metrics, _ = new_setup()
     ctx = context("User:carol")
     metrics.on_decision(ctx, REQUEST, Rejected(1500, (1,)))
-    assert per_user(scrape(metrics), "pidgate_producer_ids_throttle_time_ms") == {"carol": 1500}
+    assert per_user(scrape(metrics), "pidgate_producer_ids_throttle_time_seconds") == {"carol": 1.5}
     metrics.on_decision(ctx, REQUEST, Admitted((1,), 4))
     s = scrape(metrics)
-    assert per_user(s, "pidgate_producer_ids_throttle_time_ms") == {"carol": 0}
+    assert per_user(s, "pidgate_producer_ids_throttle_time_seconds") == {"carol": 0}
     assert s["pidgate_producer_ids_refreshed_total"][()] == 4
     # carol is not limited by this policy's quota manager: no rate series for her.
     assert "carol" not in per_user(s, "pidgate_producer_ids_rate")
@@ -401,3 +403,81 @@ def test_constructor_rejects_unbounded_settings() -> None:
         ProxyMetrics(quota, Clock(), max_user_labels=0)
     with pytest.raises(ValueError):
         ProxyMetrics(quota, Clock(), max_waiting_pids=0)
+
+
+def test_distinct_rejected_pids_are_counted_apart_from_retries() -> None:
+    _, metrics, _ = new_setup()
+    alice = context("User:alice")
+    metrics.on_decision(alice, REQUEST, Rejected(1000, (7, 8)))
+    metrics.on_decision(alice, REQUEST, Rejected(1000, (7, 8)))  # the same two, retried
+    metrics.on_decision(alice, REQUEST, Rejected(1000, (9,)))
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_rejected_total") == {"alice": 5}
+    assert per_user(s, "pidgate_producer_ids_throttled_total") == {"alice": 3}
+    assert per_user(s, "pidgate_produce_requests_rejected_total") == {"alice": 3}
+
+
+def test_waits_end_with_their_clients_connection() -> None:
+    """A producer that went away is not waiting: the waiting gauges (and the critical alert
+    on them) drop when the connection its PIDs were last rejected on closes."""
+    _, metrics, clock = new_setup()
+    first = ProduceContext("User:alice", "c", None, peer="127.0.0.1:1001")
+    second = ProduceContext("User:alice", "c", None, peer="127.0.0.1:1002")
+    metrics.on_decision(first, REQUEST, Rejected(1000, (7, 8)))
+    metrics.on_decision(second, REQUEST, Rejected(1000, (9,)))
+    metrics.on_decision(second, REQUEST, Rejected(1000, (8,)))  # 8 retried on the second
+    clock.now_ms += 130_000
+    assert per_user(scrape(metrics), "pidgate_producer_ids_waiting_over_delivery_timeout") == {
+        "alice": 3
+    }
+    metrics.connection_opened()
+    metrics.connection_closed("127.0.0.1:1001")  # 7 goes; 8 waits on the second connection
+    assert per_user(scrape(metrics), "pidgate_producer_ids_waiting") == {"alice": 2}
+    metrics.connection_closed("127.0.0.1:1002")
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_waiting") == {"alice": 0}
+    assert per_user(s, "pidgate_producer_id_wait_seconds_max") == {"alice": 0.0}
+    metrics.connection_closed("127.0.0.1:1003")  # a connection without waits: nothing to do
+
+
+def test_process_build_quota_failure_and_event_log_metrics() -> None:
+    from pidgate import __version__
+    from pidgate.proxy.event_log import EventLogStats
+
+    _, metrics, _ = new_setup()
+    s = scrape(metrics)
+    assert s["process_resident_memory_bytes"][()] > 0
+    ((labels, value),) = s["pidgate_build_info"].items()
+    assert dict(labels)["version"] == __version__ and value == 1
+    assert s["pidgate_quota_failures_total"][()] == 0
+    assert "pidgate_event_log_events_dropped_total" not in s  # no event log configured
+    metrics.quota_failure()
+    metrics.event_log_stats = lambda: EventLogStats(10, 2, 1, 1, 0, 5)
+    s = scrape(metrics)
+    assert s["pidgate_quota_failures_total"][()] == 1
+    assert s["pidgate_event_log_events_written_total"][()] == 10
+    assert s["pidgate_event_log_events_dropped_total"][()] == 2
+    assert s["pidgate_event_log_write_errors_total"][()] == 1
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_check_metrics_is_clean() -> None:
+    from pidgate.proxy.event_log import EventLogStats
+
+    quota, metrics, clock = new_setup()
+    decide(quota, metrics, clock, "User:alice", [1, 2, 3])
+    metrics.on_decision(context("User:alice"), REQUEST, Rejected(1000, (4,)))
+    metrics.connection_opened()
+    metrics.request(0, 100)
+    metrics.response(0, 60, 0.002)
+    metrics.protocol_error("oversized_frame")
+    metrics.config_reloaded(True)
+    metrics.event_log_stats = lambda: EventLogStats(10, 2, 1, 1, 0, 5)
+    done = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=metrics.render(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()

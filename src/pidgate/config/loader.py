@@ -11,6 +11,8 @@ Must not import: asyncio, socket, structlog, prometheus_client, ``pidgate.proxy`
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,32 @@ def env_var_names() -> dict[str, tuple[str, str]]:
     return names
 
 
+#: Kubernetes injects "service links" for every Service in the namespace: a Service named
+#: ``pidgate`` gives ``PIDGATE_PORT=tcp://10.0.0.1:9092``, ``PIDGATE_SERVICE_HOST``,
+#: ``PIDGATE_SERVICE_PORT[_<port name>]`` and ``PIDGATE_PORT_<n>_<PROTO>[_PROTO|_PORT|_ADDR]``;
+#: a Service named ``pidgate-admin`` the same with ``PIDGATE_ADMIN_`` in front.
+_SERVICE_LINK = re.compile(
+    r"PIDGATE(?:_[A-Z0-9_]+?)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)"
+)
+
+
+def is_service_link(name: str) -> bool:
+    """``name`` has the shape of a Kubernetes service-link variable (and is no setting)."""
+    return _SERVICE_LINK.fullmatch(name) is not None and name not in env_var_names()
+
+
+def service_link_variables(environ: Mapping[str, str]) -> list[str]:
+    """The ``PIDGATE_*`` variables that ``overrides_from_env`` ignores as Kubernetes service
+    links, sorted, for one warning at start-up."""
+    return sorted(name for name in environ if name.startswith(ENV_PREFIX) and is_service_link(name))
+
+
+def _did_you_mean(word: str, choices: list[str] | set[str] | Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -77,13 +105,19 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def overrides_from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Settings from ``PIDGATE_*`` variables. An unknown one stops start-up (a typo must not
+    pass silently), except Kubernetes service links (``service_link_variables``)."""
     known = env_var_names()
     overrides: dict[str, dict[str, Any]] = {}
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
         if name not in known:
-            raise ConfigError(f"environment variable {name} is not a pidgate setting")
+            if is_service_link(name):
+                continue
+            raise ConfigError(
+                f"environment variable {name} is not a pidgate setting{_did_you_mean(name, known)}"
+            )
         section, key = known[name]
         try:
             value = raw if key in _VERBATIM_KEYS else yaml.safe_load(raw)
@@ -104,15 +138,44 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def _describe(error: ValidationError) -> str:
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys valid where ``loc`` points (for "did you mean")."""
+    if len(loc) == 1:
+        return list(Settings.model_fields)
+    field = Settings.model_fields.get(str(loc[0]))
+    annotation = field.annotation if field else None
+    if len(loc) == 2 and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _section_keys(annotation)
+    return []
+
+
+def _source(loc: tuple[int | str, ...], sources: Mapping[tuple[str, str], str]) -> str:
+    if len(loc) >= 2:
+        where = sources.get((str(loc[0]), str(loc[1])))
+        if where:
+            return f" (from {where})"
+    return ""
+
+
+def _describe(error: ValidationError, sources: Mapping[tuple[str, str], str]) -> str:
     lines = []
     for detail in error.errors():
-        key = ".".join(str(part) for part in detail["loc"]) or "(top level)"
+        loc = tuple(detail["loc"])
+        key = ".".join(str(part) for part in loc) or "(top level)"
         message = detail["msg"]
         if detail["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"  {key}: {message}")
+            message = "unknown key" + _did_you_mean(str(loc[-1]), _known_keys(loc))
+        lines.append(f"  {key}: {message}{_source(loc, sources)}")
     return "invalid configuration:\n" + "\n".join(lines)
+
+
+def _record_sources(
+    sources: dict[tuple[str, str], str], data: Mapping[str, Any], where: str
+) -> None:
+    for section, keys in data.items():
+        if isinstance(keys, Mapping):
+            for key in keys:
+                sources[(str(section), str(key))] = where
 
 
 def load_settings(
@@ -121,10 +184,17 @@ def load_settings(
     cli_overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Merge every source and validate once. Raise ConfigError with every bad key named."""
+    sources: dict[tuple[str, str], str] = {}
     data: dict[str, Any] = read_config_file(config_file) if config_file else {}
-    data = merge(data, overrides_from_env(environ or {}))
+    _record_sources(sources, data, f"config file {config_file}")
+    from_env = overrides_from_env(environ or {})
+    for section, keys in from_env.items():
+        for key in keys:
+            sources[(section, key)] = f"environment variable {env_var_name(section, key)}"
+    data = merge(data, from_env)
+    _record_sources(sources, cli_overrides or {}, "the command line")
     data = merge(data, cli_overrides or {})
     try:
         return Settings.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(_describe(error)) from None
+        raise ConfigError(_describe(error, sources)) from None

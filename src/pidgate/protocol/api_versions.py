@@ -74,8 +74,13 @@ def narrow_api_versions_response(
     api_version: int,
     limits: Mapping[int, tuple[int, int]],
     answered_locally: Mapping[int, tuple[int, int]] | None = None,
+    *,
+    drop: frozenset[int] | None = None,
 ) -> bytes:
     """Clamp the broker's [min, max] per api key to ``limits``; drop keys outside them.
+
+    With ``drop`` given, keys outside ``limits`` are kept as the broker advertised them (pidgate
+    forwards them untouched) and only the keys in ``drop`` are removed.
 
     ``answered_locally``: api keys pidgate answers itself (in whole or in part, e.g. the client
     quota APIs for ``producer_ids_rate``). They are advertised with pidgate's range even when the
@@ -107,7 +112,9 @@ def narrow_api_versions_response(
             if api_key in local:
                 own = local.pop(api_key)
                 limit = (max(own[0], limit[0]), min(own[1], limit[1])) if limit else own
-            if limit is not None:
+            if limit is None and drop is not None and api_key not in drop:
+                kept.append(bytes(buf[pos:entry_end]))  # forwarded untouched: as advertised
+            elif limit is not None:
                 lo = max(min_version, limit[0])
                 hi = min(max_version, limit[1])
                 if lo <= hi:
@@ -157,6 +164,52 @@ def broker_api_versions(
             f"malformed ApiVersions v{api_version} response: {exc}"
         ) from None
     return versions
+
+
+#: ShareFetch (78) and ShareAcknowledge (79) responses carry broker endpoints (node_endpoints,
+#: KIP-932) and kafka-python's schemas do not describe them yet, so pidgate cannot rewrite them:
+#: they are removed from ApiVersions answers rather than let clients learn brokers' own addresses.
+NOT_FORWARDED_APIS: frozenset[int] = frozenset({78, 79})
+
+#: The api keys pidgate reads or rewrites; every other key is forwarded untouched in whatever
+#: versions the broker advertises (``inspected_api_version_limits``).
+INSPECTED_APIS: frozenset[int] = frozenset(
+    {
+        0,  # Produce: PIDs (admission)
+        1,  # Fetch: v16+ node_endpoints rewritten
+        3,  # Metadata: broker endpoints rewritten
+        10,  # FindCoordinator: coordinator endpoints rewritten
+        17,  # SaslHandshake: identity
+        18,  # ApiVersions: client software, this narrowing
+        22,  # InitProducerId: the event log
+        36,  # SaslAuthenticate: identity
+        48,  # DescribeClientQuotas: producer_ids_rate answered by pidgate
+        49,  # AlterClientQuotas: idem
+        55,  # DescribeQuorum: capped below v2, whose listeners pidgate does not rewrite
+        60,  # DescribeCluster: broker endpoints rewritten
+    }
+)
+
+
+def forwarded_untouched(api_key: int, limits: Mapping[int, tuple[int, int]]) -> bool:
+    """True for a request pidgate forwards without parsing more than its first 8 bytes (an api
+    key outside ``limits``, the inspected ones). Raises UnsupportedApiError for the keys pidgate
+    never forwards (``NOT_FORWARDED_APIS``), which it never advertised either."""
+    if api_key in NOT_FORWARDED_APIS:
+        raise UnsupportedApiError(
+            f"api_key {api_key} is not one pidgate forwards (its responses carry broker "
+            "endpoints pidgate cannot rewrite)",
+            api_key=api_key,
+        )
+    return api_key not in limits
+
+
+def inspected_api_version_limits() -> dict[int, tuple[int, int]]:
+    """api_key -> (min, max) versions for the keys pidgate inspects (``INSPECTED_APIS``) only:
+    the rest is forwarded without looking inside, in the broker's own versions."""
+    limits = proxy_api_version_limits()
+    limits[1] = KNOWN_API_VERSIONS[1]  # node_endpoints of v16+ are rewritten (endpoints.py)
+    return {key: limits[key] for key in INSPECTED_APIS if key in limits}
 
 
 # Produce: v3 is the oldest we walk (transactional_id + RecordBatch v2, KIP-98); v13 the newest

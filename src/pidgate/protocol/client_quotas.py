@@ -1,9 +1,9 @@
 """Client-quota APIs (KIP-546): pidgate answers for ``producer_ids_rate``, the broker for the rest.
 
 Owns the sans-IO side of DescribeClientQuotas (api key 48) and AlterClientQuotas (api key 49) as
-seen through pidgate, so that ``kafka-configs --bootstrap-server <pidgate> --alter --add-config
-producer_ids_rate=50 --entity-type users --entity-name alice`` and AdminClient
-alterClientQuotas/describeClientQuotas work unchanged:
+seen through pidgate, so that ``pidgate quotas``, the Java AdminClient's
+alterClientQuotas/describeClientQuotas and ``kafka-configs --describe`` work unchanged
+(``kafka-configs --alter`` refuses the name ``producer_ids_rate`` itself, before sending):
 
 * ``split_alter_request``: validates every op on the KIP-936 key ``producer_ids_rate`` (user and
   user-default entities only) the way Kafka's controller validates its own quota values, and

@@ -2,10 +2,11 @@
 
 Owns ``BrokerEndpoint``, ``rewrite_endpoints`` and ``endpoints_in_response`` for the responses
 that advertise broker host/port in the versions pidgate allows: Metadata brokers[], FindCoordinator
-(v0-3 single node, v4+ coordinators[], KIP-699), DescribeCluster brokers[] (KIP-700) and Produce
-v10+ node_endpoints (top-level tag 0, KIP-951). Metadata/FindCoordinator/DescribeCluster go through
-kafka-python's classes (rare, small); Produce responses are walked by hand because they are on the
-hot path and almost never carry endpoints. Must not import: asyncio, socket, time, logging,
+(v0-3 single node, v4+ coordinators[], KIP-699), DescribeCluster brokers[] (KIP-700), and the
+node_endpoints of Produce v10+ and Fetch v16+ (top-level tag 0, KIP-951).
+Metadata/FindCoordinator/DescribeCluster go through kafka-python's classes (rare, small); Produce
+and Fetch responses are walked by hand, headers only (never a record is copied), because they are
+on the hot path and almost never carry endpoints. Must not import: asyncio, socket, time, logging,
 structlog, prometheus_client, or any other pidgate package.
 """
 
@@ -28,19 +29,25 @@ from pidgate.protocol._wire import (
     read_array_len,
     read_compact_nullable_string,
     read_tagged_fields,
+    read_uvarint,
     skip_tagged_fields,
     write_uvarint,
 )
 from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError
 
 PRODUCE_KEY = 0
+FETCH_KEY = 1
 METADATA_KEY = 3
 FIND_COORDINATOR_KEY = 10
 DESCRIBE_CLUSTER_KEY = 60
 ENDPOINT_BEARING_APIS: frozenset[int] = frozenset(
-    {METADATA_KEY, FIND_COORDINATOR_KEY, DESCRIBE_CLUSTER_KEY, PRODUCE_KEY}
+    {METADATA_KEY, FIND_COORDINATOR_KEY, DESCRIBE_CLUSTER_KEY, PRODUCE_KEY, FETCH_KEY}
 )
 FIRST_PRODUCE_NODE_ENDPOINTS_VERSION = 10  # KIP-951
+FIRST_FETCH_NODE_ENDPOINTS_VERSION = 16  # KIP-951
+#: The newest Fetch response whose layout pidgate walks (kafka-python's schemas: 4-18).
+MAX_FETCH_VERSION = 18
+_FETCH_PARTITION_FIXED_BYTES = 4 + 2 + 8 + 8 + 8  # index, error_code, high watermark, LSO, LSO
 FIRST_FIND_COORDINATOR_BATCHED_VERSION = 4  # KIP-699: coordinators[]
 _PRODUCE_NODE_ENDPOINTS_TAG = 0
 _PRODUCE_PARTITION_FIXED_BYTES = 4 + 2 + 8 + 8 + 8  # index, error_code, base_offset, 2 x int64
@@ -131,13 +138,57 @@ def _encode_node_endpoints(entries: list[_RawNodeEndpoint]) -> bytes:
     return b"".join(out)
 
 
-def _produce_node_endpoints(
-    buf: memoryview, api_version: int
-) -> tuple[int, list[tuple[int, memoryview]], list[_RawNodeEndpoint]] | None:
-    """(tags offset, all top-level tags, parsed node_endpoints) or None if there are none."""
-    if api_version < FIRST_PRODUCE_NODE_ENDPOINTS_VERSION:
+def _fetch_top_level_tags_offset(buf: memoryview, api_version: int) -> int:
+    """Offset of the top-level tagged-field section of a FetchResponse v16+ body: a walk over
+    topic and partition headers that skips every records field without reading it."""
+    if api_version > MAX_FETCH_VERSION:
+        raise UnsupportedApiError(
+            f"Fetch version {api_version} is newer than pidgate can walk (max {MAX_FETCH_VERSION})",
+            api_key=FETCH_KEY,
+            api_version=api_version,
+        )
+    need(buf, 0, 10, "throttle_time_ms, error_code, session_id")
+    topics, pos = read_array_len(buf, 10, True, "responses")
+    for _ in range(topics):
+        need(buf, pos, 16, "topic_id")  # v13+
+        partitions, pos = read_array_len(buf, pos + 16, True, "partitions")
+        for _ in range(partitions):
+            need(buf, pos, _FETCH_PARTITION_FIXED_BYTES, "partition header")
+            pos += _FETCH_PARTITION_FIXED_BYTES
+            aborted, pos = read_array_len(buf, pos, True, "aborted_transactions")
+            for _ in range(aborted):
+                need(buf, pos, 16, "aborted transaction")
+                pos = skip_tagged_fields(buf, pos + 16)
+            need(buf, pos, 4, "preferred_read_replica")
+            size, pos = read_uvarint(buf, pos + 4)  # records: compact nullable bytes
+            if size > 0:
+                need(buf, pos, size - 1, "records")
+                pos += size - 1
+            pos = skip_tagged_fields(buf, pos)  # diverging_epoch, current_leader, snapshot_id
+        pos = skip_tagged_fields(buf, pos)
+    return pos
+
+
+def _top_level_tags_offset(api_key: int, buf: memoryview, api_version: int) -> int | None:
+    """Where the top-level tags of a Produce/Fetch response start; None for versions that
+    carry no node_endpoints."""
+    if api_key == PRODUCE_KEY:
+        if api_version < FIRST_PRODUCE_NODE_ENDPOINTS_VERSION:
+            return None
+        return _produce_top_level_tags_offset(buf, api_version)
+    if api_version < FIRST_FETCH_NODE_ENDPOINTS_VERSION:
         return None
-    tags_at = _produce_top_level_tags_offset(buf, api_version)
+    return _fetch_top_level_tags_offset(buf, api_version)
+
+
+def _produce_node_endpoints(
+    buf: memoryview, api_version: int, api_key: int = PRODUCE_KEY
+) -> tuple[int, list[tuple[int, memoryview]], list[_RawNodeEndpoint]] | None:
+    """(tags offset, all top-level tags, parsed node_endpoints) or None if there are none
+    (Produce v10+ or Fetch v16+: the same top-level tag 0)."""
+    tags_at = _top_level_tags_offset(api_key, buf, api_version)
+    if tags_at is None:
+        return None
     if tags_at < len(buf) and buf[tags_at] == 0:
         return None  # the common case: no top-level tagged fields at all
     tags, _end = read_tagged_fields(buf, tags_at)
@@ -147,8 +198,10 @@ def _produce_node_endpoints(
     return None
 
 
-def _rewrite_produce(buf: memoryview, api_version: int, rewrite: EndpointRewriter) -> bytes | None:
-    found = _produce_node_endpoints(buf, api_version)
+def _rewrite_produce(
+    buf: memoryview, api_version: int, rewrite: EndpointRewriter, api_key: int = PRODUCE_KEY
+) -> bytes | None:
+    found = _produce_node_endpoints(buf, api_version, api_key)
     if found is None:
         return None
     tags_at, tags, entries = found
@@ -228,9 +281,9 @@ def rewrite_endpoints(
     if api_key not in ENDPOINT_BEARING_APIS:
         return None
     buf = as_memoryview(body)
-    if api_key == PRODUCE_KEY:
+    if api_key in (PRODUCE_KEY, FETCH_KEY):
         try:
-            return _rewrite_produce(buf, api_version, rewrite)
+            return _rewrite_produce(buf, api_version, rewrite, api_key)
         except (struct.error, IndexError, ValueError) as exc:
             raise _malformed(api_key, api_version, exc) from None
     msg = _decode(api_key, api_version, buf)
@@ -254,9 +307,9 @@ def endpoints_in_response(
     if api_key not in ENDPOINT_BEARING_APIS:
         return ()
     buf = as_memoryview(body)
-    if api_key == PRODUCE_KEY:
+    if api_key in (PRODUCE_KEY, FETCH_KEY):
         try:
-            found = _produce_node_endpoints(buf, api_version)
+            found = _produce_node_endpoints(buf, api_version, api_key)
         except (struct.error, IndexError, ValueError) as exc:
             raise _malformed(api_key, api_version, exc) from None
         return () if found is None else tuple(e.endpoint for e in found[2])

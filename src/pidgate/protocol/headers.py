@@ -96,6 +96,19 @@ class RequestHeader:
     """Length of the header inside the payload: the body starts at ``payload[header_bytes:]``."""
 
 
+def peek_request_header(payload: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id): the fixed first 8 bytes of every request header,
+    whatever the API and version, enough to forward a request pidgate does not inspect and
+    match its response."""
+    buf = as_memoryview(payload)
+    try:
+        need(buf, 0, 8, "request header")
+        api_key, api_version = I16.unpack_from(buf, 0)[0], I16.unpack_from(buf, 2)[0]
+        return int(api_key), int(api_version), int(I32.unpack_from(buf, 4)[0])
+    except (IndexError, struct.error) as exc:
+        raise MalformedMessageError(f"malformed request header: {exc}") from None
+
+
 def request_is_flexible(api_key: int, api_version: int) -> bool:
     return api_version >= FLEXIBLE_REQUEST_FROM.get(api_key, NEVER_FLEXIBLE)
 
@@ -155,11 +168,16 @@ def response_header_is_flexible(api_key: int, api_version: int) -> bool:
 def parse_response_header(
     payload: bytes | bytearray | memoryview, api_key: int, api_version: int
 ) -> tuple[int, int]:
-    """Return (correlation_id, body_offset) of a response payload (no size prefix)."""
+    """Return (correlation_id, body_offset) of a response payload (no size prefix).
+
+    For an api key the schemas do not know (forwarded untouched) the header's flexibility is
+    unknown: body_offset is then 4, which only the correlation id check may rely on."""
     buf = as_memoryview(payload)
     need(buf, 0, 4, "response header")
     correlation_id = int(I32.unpack_from(buf, 0)[0])
     pos = 4
+    if api_key not in FLEXIBLE_RESPONSE_FROM and api_key != API_VERSIONS_KEY:
+        return correlation_id, pos
     if response_header_is_flexible(api_key, api_version):
         pos = skip_tagged_fields(buf, pos)
     return correlation_id, pos

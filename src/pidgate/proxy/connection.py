@@ -31,16 +31,23 @@ from collections.abc import Callable
 from typing import cast
 
 from pidgate.protocol.api_versions import (
+    NOT_FORWARDED_APIS,
     ClientSoftware,
     broker_api_versions,
     encode_api_versions_unsupported,
+    forwarded_untouched,
     narrow_api_versions_response,
     parse_api_versions_request,
 )
 from pidgate.protocol.endpoints import ENDPOINT_BEARING_APIS, rewrite_endpoints
 from pidgate.protocol.errors import ProtocolError, UnsupportedApiError
 from pidgate.protocol.framing import FrameDecoder, frame
-from pidgate.protocol.headers import RequestHeader, parse_request_header, parse_response_header
+from pidgate.protocol.headers import (
+    RequestHeader,
+    parse_request_header,
+    parse_response_header,
+    peek_request_header,
+)
 from pidgate.protocol.init_producer_id import (
     parse_init_producer_id_request,
     parse_init_producer_id_response,
@@ -398,7 +405,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         if self in self._context.connections:
             self._context.connections.discard(self)
-            self._context.traffic.connection_closed()
+            self._context.traffic.connection_closed(self.peer)
         if self._limits is not None and self._counted_ip is not None:
             self._limits.release(self._counted_ip)
             self._counted_ip = None
@@ -594,7 +601,11 @@ class ClientConnection(asyncio.Protocol):
         if slot.api_key == API_VERSIONS:
             self._context.quota_admin.broker_versions = broker_api_versions(body, slot.api_version)
             new_body = narrow_api_versions_response(
-                body, slot.api_version, self._context.api_version_limits, CLIENT_QUOTA_VERSIONS
+                body,
+                slot.api_version,
+                self._context.api_version_limits,
+                CLIENT_QUOTA_VERSIONS,
+                drop=NOT_FORWARDED_APIS,
             )
         elif slot.api_key in ENDPOINT_BEARING_APIS:
             new_body = rewrite_endpoints(
@@ -654,6 +665,13 @@ class ClientConnection(asyncio.Protocol):
             self._sasl_principal_changed()
         if len(payload) < _API_KEY_VERSION_CORRELATION.size:
             raise ProtocolError(f"request of {len(payload)} bytes is shorter than any header")
+        api_key, api_version, correlation_id = peek_request_header(payload)
+        if forwarded_untouched(api_key, self._context.api_version_limits):
+            # Not inspected: forwarded as is, in the versions the broker itself advertised.
+            self._context.traffic.request(api_key, len(request))
+            self._slots.append(slot := _Slot(api_key, api_version, correlation_id))
+            self._awaiting_upstream.append(slot)
+            return request
         try:
             header = parse_request_header(payload)
         except UnsupportedApiError as error:
@@ -712,6 +730,8 @@ class ClientConnection(asyncio.Protocol):
             return self._client_quotas(header, payload, body)
         elif header.api_key == SASL_HANDSHAKE and sasl is not None:
             sasl.on_handshake_request(body, header.api_version)
+        elif header.api_key == SASL_HANDSHAKE:
+            self._context.notices.sasl_without_identity(self.peer)
         elif header.api_key == SASL_AUTHENTICATE and sasl is not None:
             sasl.on_authenticate_request(body, header.api_version)
         elif header.api_key == API_VERSIONS:

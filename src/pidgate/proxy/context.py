@@ -16,6 +16,7 @@ from pidgate.proxy.admission import Gatekeeper
 from pidgate.proxy.event_log import EventLog
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog
+from pidgate.proxy.notices import OperatorNotices
 from pidgate.proxy.quota_admin import QuotaAdmin
 from pidgate.proxy.routing import Router
 
@@ -28,7 +29,7 @@ class TrafficObserver(Protocol):
     must be cheap (plain counter additions)."""
 
     def connection_opened(self) -> None: ...
-    def connection_closed(self) -> None: ...
+    def connection_closed(self, peer: str | None = None) -> None: ...
     def request(self, api_key: int, size_bytes: int) -> None: ...
     def response(self, api_key: int, size_bytes: int, upstream_latency_s: float | None) -> None: ...
     def protocol_error(self, kind: str) -> None: ...
@@ -53,4 +54,6 @@ class ProxyContext:
     upstream_ssl: ssl.SSLContext | None = None
     #: The PID event log, when configured.
     event_log: EventLog | None = None
+    #: Misconfigurations said once (SASL through a pidgate with identity.sasl off, ...).
+    notices: OperatorNotices = field(default_factory=OperatorNotices)
     connections: set[ClientConnection] = field(default_factory=set)

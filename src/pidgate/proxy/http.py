@@ -107,7 +107,7 @@ class AdminHttpServer:
         self,
         metrics: MetricsSource,
         state: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
-        ready: Callable[[], Awaitable[bool]],
+        ready: Callable[[], Awaitable[bool | str]],
         *,
         read_timeout_s: float = 10.0,
         ready_timeout_s: float = 5.0,
@@ -217,12 +217,16 @@ class AdminHttpServer:
             # so a broker outage never gets pidgate restarted by its liveness probe.
             return _Response(200, b"ok\n")
         if path == "/readyz":
+            # ``ready`` answers True, False, or why it is not ready (a string).
             try:
                 ok = await asyncio.wait_for(self._ready(), timeout=self._ready_timeout_s)
             except Exception as error:  # TimeoutError included: not ready is the honest answer
                 self._log.warning("readiness_check_failed", key="ready", error=repr(error))
                 ok = False
-            return _Response(200, b"ready\n") if ok else _Response(503, b"not ready\n")
+            if ok is True:
+                return _Response(200, b"ready\n")
+            reason = f": {ok}" if isinstance(ok, str) and ok else ""
+            return _Response(503, f"not ready{reason}\n".encode())
         state = self._state()
         if inspect.isawaitable(state):
             state = await state

@@ -18,13 +18,14 @@ Must not import: asyncio, socket, structlog, the connection or server modules (t
 
 from __future__ import annotations
 
+import platform
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Any, Final
 
 from kafka.protocol.api_key import ApiKey
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -32,6 +33,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from pidgate import __version__
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import ProduceContext
 from pidgate.quota.manager import Admitted, Decision, PrincipalState, QuotaManager
@@ -107,6 +109,7 @@ class _User:
         "new_producer_ids",
         "produce_requests_rejected",
         "producer_ids_rejected",
+        "producer_ids_throttled",
         "throttle_time_ms",
     )
 
@@ -115,6 +118,8 @@ class _User:
         self.new_producer_ids = 0
         self.grandfathered_producer_ids = 0
         self.producer_ids_rejected = 0
+        #: Distinct PIDs: counted at a PID's first rejection, not at its retries.
+        self.producer_ids_throttled = 0
         self.produce_requests_rejected = 0
         self.throttle_time_ms = 0
 
@@ -214,6 +219,9 @@ class ProxyMetrics:
         self._config_reloads = {"success": 0, "failure": 0}
         self._observer_errors = 0
         self._produce_held = 0
+        self._quota_failures = 0
+        #: The event log's counters (``EventLog.stats``), when there is an event log.
+        self.event_log_stats: Callable[[], Any] | None = None
 
         # -- per user --
         # Least recently seen first, so idle users are popped from the front in O(1).
@@ -230,9 +238,15 @@ class ProxyMetrics:
         # first --
         self._waiting: OrderedDict[tuple[str, int], list[int]] = OrderedDict()
         self._waits_dropped = 0
+        #: Client connection (peer) -> the waits last rejected on it, and wait -> that peer:
+        #: a wait ends with its client's connection (a producer that went away is not waiting).
+        self._waits_by_peer: dict[str, set[tuple[str, int]]] = {}
+        self._wait_peer: dict[tuple[str, int], str] = {}
 
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        ProcessCollector(registry=self._registry)
 
     # -- output ----------------------------------------------------------------------------
 
@@ -249,8 +263,20 @@ class ProxyMetrics:
     def connection_opened(self) -> None:
         self._connections_opened += 1
 
-    def connection_closed(self) -> None:
+    def connection_closed(self, peer: str | None = None) -> None:
+        """``peer``: the client connection's address; the PIDs waiting on it stop waiting."""
         self._connections_closed += 1
+        if peer is not None and self._waits_by_peer:
+            keys = self._waits_by_peer.pop(peer, None)
+            if keys:
+                self._forget_waits(keys, peer)
+
+    def _forget_waits(self, keys: set[tuple[str, int]], peer: str) -> None:
+        waiting, wait_peer = self._waiting, self._wait_peer
+        for key in keys:
+            if wait_peer.get(key) == peer:  # not retried on another connection since
+                del wait_peer[key]
+                waiting.pop(key, None)
 
     def request(self, api_key: int, size_bytes: int) -> None:
         slot = api_key if 0 <= api_key < _API_SLOTS else _OTHER_API
@@ -300,6 +326,10 @@ class ProxyMetrics:
         """A DecisionObserver raised (``Gatekeeper``'s ``on_observer_error``)."""
         self._observer_errors += 1
 
+    def quota_failure(self) -> None:
+        """The quota manager raised; the Produce went by ``quota_failure_policy``."""
+        self._quota_failures += 1
+
     # -- decisions (DecisionObserver; called for rejections and admissions of new PIDs) -----
 
     def on_decision(
@@ -317,23 +347,34 @@ class ProxyMetrics:
             self._producer_ids_refreshed += decision.refreshed_count
             if waiting:
                 for pid in new_ids:
-                    waiting.pop((key, pid), None)
+                    if waiting.pop((key, pid), None) is not None:
+                        self._wait_peer.pop((key, pid), None)
         else:
             user.produce_requests_rejected += 1
             user.producer_ids_rejected += len(decision.unknown_producer_ids)
             user.throttle_time_ms = decision.throttle_time_ms
             self._forget_old_waits(now)
+            peer = context.peer
+            on_peer = self._waits_by_peer.get(peer)
+            if on_peer is None:
+                on_peer = self._waits_by_peer[peer] = set()
             for pid in decision.unknown_producer_ids:
                 wait_key = (key, pid)
+                self._wait_peer[wait_key] = peer
+                on_peer.add(wait_key)
                 wait = waiting.get(wait_key)
                 if wait is not None:  # a retry: the wait started at the first rejection
                     if self._on_long_wait is not None:
                         self._report_long_wait(context.principal, pid, wait, now)
                     continue
+                user.producer_ids_throttled += 1
                 if len(waiting) >= self._max_waiting_pids:
-                    waiting.popitem(last=False)
+                    dropped, _ = waiting.popitem(last=False)
+                    self._wait_peer.pop(dropped, None)
                     self._waits_dropped += 1
                 waiting[wait_key] = [now, 0]
+            if len(on_peer) > 2 * self._max_waiting_pids:  # one connection, endless new PIDs
+                on_peer.intersection_update(waiting)
 
     def _report_long_wait(self, principal: str, pid: int, wait: list[int], now: int) -> None:
         """KIP-91: say so once when a PID has waited half of delivery.timeout.ms (the operator
@@ -381,7 +422,8 @@ class ProxyMetrics:
             first_ms = next(iter(waiting.values()))[0]
             if first_ms > horizon:
                 break
-            waiting.popitem(last=False)
+            key, _ = waiting.popitem(last=False)
+            self._wait_peer.pop(key, None)
 
     # -- scrape --------------------------------------------------------------------------------
 
@@ -455,8 +497,9 @@ class ProxyMetrics:
             layers.add_metric([label], aggregate.layers)
             false_positive.add_metric([label], aggregate.false_positive_rate)
         throttle = GaugeMetricFamily(
-            "pidgate_producer_ids_throttle_time_ms",
-            "KIP-936: throttle time of the user's latest quota decision "
+            "pidgate_producer_ids_throttle_time_seconds",
+            "KIP-936's throttle time (ms in the KIP, seconds here): of the user's latest quota "
+            "decision "
             "(0 after an admission; __other__: the latest of any user beyond the label cap)",
             labels=["user"],
         )
@@ -467,7 +510,14 @@ class ProxyMetrics:
         )
         rejected_ids = CounterMetricFamily(
             "pidgate_producer_ids_rejected",
-            "Producer IDs in rejected Produce requests (a PID retried n times counts n times)",
+            "Producer IDs in rejected Produce requests (a PID retried n times counts n times; "
+            "distinct PIDs: pidgate_producer_ids_throttled_total)",
+            labels=["user"],
+        )
+        throttled_ids = CounterMetricFamily(
+            "pidgate_producer_ids_throttled",
+            "Distinct producer IDs rejected: counted at a PID's first rejection, not at its "
+            "retries",
             labels=["user"],
         )
         rejected_requests = CounterMetricFamily(
@@ -482,10 +532,11 @@ class ProxyMetrics:
             labels=["user"],
         )
         for label, user in labelled:
-            throttle.add_metric([label], user.throttle_time_ms)
+            throttle.add_metric([label], user.throttle_time_ms / 1000)
             new_ids.add_metric([label], user.new_producer_ids)
             grandfathered.add_metric([label], user.grandfathered_producer_ids)
             rejected_ids.add_metric([label], user.producer_ids_rejected)
+            throttled_ids.add_metric([label], user.producer_ids_throttled)
             rejected_requests.add_metric([label], user.produce_requests_rejected)
         yield rate
         yield tokens
@@ -493,6 +544,7 @@ class ProxyMetrics:
         yield new_ids
         yield grandfathered
         yield rejected_ids
+        yield throttled_ids
         yield rejected_requests
         yield CounterMetricFamily(
             "pidgate_producer_ids_refreshed",
@@ -521,6 +573,42 @@ class ProxyMetrics:
             "Users with their own label value in the per-user metrics (capped)",
             value=len(users),
         )
+        yield from self._collect_operations()
+
+    def _collect_operations(self) -> Iterator[Metric]:
+        """Build information, quota failures and the event log's counters."""
+        build = GaugeMetricFamily(
+            "pidgate_build_info",
+            "pidgate's version and the Python running it (always 1)",
+            labels=["version", "python_version", "python_implementation"],
+        )
+        build.add_metric(
+            [__version__, platform.python_version(), platform.python_implementation()], 1
+        )
+        yield build
+        yield CounterMetricFamily(
+            "pidgate_quota_failures",
+            "Produce requests for which the quota subsystem raised; each went by "
+            "proxy.quota_failure_policy (open: forwarded unthrottled)",
+            value=self._quota_failures,
+        )
+        stats = self.event_log_stats() if self.event_log_stats is not None else None
+        if stats is not None:
+            yield CounterMetricFamily(
+                "pidgate_event_log_events_written",
+                "PID events written to the event log",
+                value=stats.written_events,
+            )
+            yield CounterMetricFamily(
+                "pidgate_event_log_events_dropped",
+                "PID events dropped (queue full or a disk error): the event log has gaps",
+                value=stats.dropped_events,
+            )
+            yield CounterMetricFamily(
+                "pidgate_event_log_write_errors",
+                "Failures writing the event log (each drops the events being written)",
+                value=stats.write_errors,
+            )
 
     def _collect_frontier(self, now: int) -> Iterator[Metric]:
         probes = CounterMetricFamily(
@@ -609,9 +697,9 @@ class ProxyMetrics:
     def _collect_quota_totals(self) -> Iterator[Metric]:
         quota = self._quota
         yield GaugeMetricFamily(
-            "pidgate_bloom_bits",
-            "Bits held by every Bloom filter layer of every tracked principal",
-            value=quota.total_bits,
+            "pidgate_bloom_filter_bytes",
+            "Memory of every Bloom filter layer of every tracked principal (their bits / 8)",
+            value=quota.total_bits / 8,
         )
         yield GaugeMetricFamily(
             "pidgate_principals_tracked",

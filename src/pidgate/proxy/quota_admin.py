@@ -1,6 +1,6 @@
 """Live quota administration through the Kafka protocol (KIP-546 client-quota APIs), so
-``kafka-configs --alter --add-config producer_ids_rate=50 --entity-type users --entity-name alice``
-and AdminClient alter/describeClientQuotas work against pidgate.
+``pidgate quotas set --user alice --producer-ids-rate 50``, AdminClient
+alter/describeClientQuotas and ``kafka-configs --describe`` work against pidgate.
 
 pidgate answers the ``producer_ids_rate`` part of DescribeClientQuotas / AlterClientQuotas
 itself; every other key goes to the broker; a request mixing both is split, and the broker's

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pidgate.config import Settings
 from pidgate.proxy.logs import configure_logging, get_logger
@@ -57,10 +57,24 @@ async def serve_until_signalled(
         await server.stop()
 
 
-def run_proxy(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> int:
+def run_proxy(
+    settings: Settings,
+    reload_settings: Callable[[], Settings] | None = None,
+    ignored_environment: Sequence[str] = (),
+) -> int:
     """Serve until SIGTERM/SIGINT; SIGHUP re-reads the configuration through
-    ``reload_settings`` (quotas and the rejection table take effect at once)."""
+    ``reload_settings`` (quotas and the rejection table take effect at once).
+    ``ignored_environment``: ``PIDGATE_*`` variables the loader skipped as Kubernetes service
+    links, warned about once."""
     configure_logging(settings.logging)
+    if ignored_environment:
+        get_logger().warning(
+            "environment_variables_ignored",
+            variables=list(ignored_environment),
+            reason="they look like Kubernetes service links (a Service named pidgate), not "
+            "pidgate settings",
+            fix="set enableServiceLinks: false in the pod spec, or rename the Service",
+        )
     loop = new_event_loop()
     try:
         loop.run_until_complete(serve_until_signalled(ProxyServer(settings), reload_settings))

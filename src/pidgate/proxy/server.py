@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pidgate.config import Settings
-from pidgate.protocol.api_versions import proxy_api_version_limits
+from pidgate.protocol.api_versions import inspected_api_version_limits
 from pidgate.protocol.client_quotas import QuotaChange
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import (
@@ -121,6 +121,8 @@ class ProxyServer:
         #: What this member admitted, for the fleet (None: no fleet.id).
         self.fleet_outbox = self._open_fleet_outbox(settings)
         self.fleet: FleetSync | None = None
+        if self.event_log is not None:
+            self.metrics.event_log_stats = self.event_log.stats
         self.router = Router(settings.proxy, self._open_broker_listener)
         self.context = ProxyContext(
             settings=settings,
@@ -140,7 +142,7 @@ class ProxyServer:
             ),
             router=self.router,
             log=log,
-            api_version_limits=proxy_api_version_limits(),
+            api_version_limits=inspected_api_version_limits(),
             identity=IdentityPolicy(settings),
             upstream_ssl=upstream_ssl_context(settings.upstream_tls),
             traffic=self.metrics,
@@ -298,8 +300,12 @@ class ProxyServer:
         }
         return state
 
-    async def upstream_ready(self) -> bool:
-        """An upstream broker accepts a TCP connection (for /readyz)."""
+    async def upstream_ready(self) -> bool | str:
+        """For /readyz: every listener serves and an upstream broker accepts a TCP connection;
+        otherwise False or the reason."""
+        not_ready = self.context.notices.not_ready_reason
+        if not_ready is not None:
+            return not_ready
         for host, port in self.router.bootstrap_upstreams:
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
@@ -324,7 +330,8 @@ class ProxyServer:
         """The quota manager raised (``Gatekeeper``'s ``on_quota_error``): counted every time,
         logged at most once per ``logging.rate_limit_interval_ms`` (a broken quota fails every
         Produce: thousands a second), each line saying how many failures it stands for."""
-        self.metrics.protocol_error("quota_failure")
+        self.metrics.protocol_error("quota_failure")  # the former place; kept for dashboards
+        self.metrics.quota_failure()
         self._quota_failures_unlogged += 1
         now_ms = monotonic_ms()
         last = self._quota_failure_logged_ms
@@ -348,18 +355,25 @@ class ProxyServer:
         # frontier before the first request is read (bounded by the probe timeout).
         await self._resolve_enforcement(self.quota.begin_enforcement(quota_clock_ms()), "start")
         await self._start_fleet()
-        self._bootstrap = await loop.create_server(
-            lambda: ClientConnection(
-                self.context,
-                lambda: self.router.bootstrap_upstreams,
-                limits=self.connection_limits,
-            ),
-            listen.host,
-            listen.port,
-            reuse_address=True,
-            reuse_port=self.settings.proxy.reuse_port or None,
-            ssl=self._client_ssl,
-        )
+        try:
+            self._bootstrap = await loop.create_server(
+                lambda: ClientConnection(
+                    self.context,
+                    lambda: self.router.bootstrap_upstreams,
+                    limits=self.connection_limits,
+                ),
+                listen.host,
+                listen.port,
+                reuse_address=True,
+                reuse_port=self.settings.proxy.reuse_port or None,
+                ssl=self._client_ssl,
+            )
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"bootstrap listener {listen} (setting proxy.listen, --listen, "
+                f"PIDGATE_PROXY_LISTEN): {error.strerror or error}",
+            ) from error
         await self._start_shared_store()
         if self.settings.admin.enabled:
             admin = self.settings.admin.listen
@@ -367,12 +381,18 @@ class ProxyServer:
             try:
                 await self._admin.start(admin.host, admin.port)
             except OSError as error:
-                raise OSError(f"admin HTTP listener {admin}: {error}") from error
+                raise OSError(
+                    error.errno,
+                    f"admin HTTP listener {admin} (setting admin.listen, --http, "
+                    f"PIDGATE_ADMIN_LISTEN): {error.strerror or error}",
+                ) from error
         self._housekeeping = asyncio.ensure_future(self._expire_periodically())
         if self.settings.state.path is not None:
             self._persisting = asyncio.ensure_future(self._persist_periodically())
         if self._certificates is not None:
             self._reloading = asyncio.ensure_future(self._reload_certificates_periodically())
+        if not self.quota_control.effective_rates():
+            self.context.notices.no_quota()
         get_logger().info(
             "pidgate_started",
             listen=str(listen),
@@ -463,7 +483,16 @@ class ProxyServer:
             )
         except (OSError, OverflowError) as error:  # OverflowError: base + node_id > 65535
             # Retried on the next response naming this broker; rate-limited, since that can be
-            # every Produce response while the port stays taken.
+            # every Produce response while the port stays taken. Not ready meanwhile: Metadata
+            # sends clients to this port.
+            fix = (
+                "free the port, or move it with proxy.broker_ports "
+                f"({{{route.node_id}: PORT}}) or proxy.broker_port_base (--broker-port-base)"
+            )
+            self.context.notices.listener_failed(
+                f"broker listener for node {route.node_id}",
+                f"{host}:{port}: {getattr(error, 'strerror', None) or error}; {fix}",
+            )
             self.context.log.warning(
                 "broker_listener_failed",
                 key=str(route.node_id),
@@ -471,8 +500,10 @@ class ProxyServer:
                 listen=f"{host}:{port}",
                 upstream=f"{route.upstream[0]}:{route.upstream[1]}",
                 error=str(error),
+                fix=fix,
             )
             raise
+        self.context.notices.listener_opened(f"broker listener for node {route.node_id}")
         self._broker_servers[route.node_id] = server
         get_logger().info(
             "broker_listener_opened",

@@ -1,0 +1,132 @@
+"""Misconfigurations an operator must hear about, each said once with the fix, on a real
+``pidgate serve`` process in front of a real tansu broker: Kubernetes service-link variables,
+no quota at all, SASL through a pidgate whose identity.sasl is off, a broker listener that
+cannot bind (not ready, with the reason) and a bootstrap port in use (the setting named)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
+from tests.integration.helpers import (
+    KafkaSocket,
+    PidgateProcess,
+    encode_request,
+    http_get,
+    metadata_request,
+    sasl_handshake,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def processes() -> Iterator[list[PidgateProcess]]:
+    started: list[PidgateProcess] = []
+    yield started
+    for process in started:
+        process.terminate()
+        process.close()
+
+
+def events_named(process: PidgateProcess, name: str) -> list[dict[str, Any]]:
+    return [event for event in process.log_events() if event.get("event") == name]
+
+
+def test_service_links_and_no_quota_are_warned_once_and_serve(
+    broker: EmbeddedBroker, processes: list[PidgateProcess]
+) -> None:
+    service_links = {
+        "PIDGATE_PORT": "tcp://10.96.0.12:9092",
+        "PIDGATE_PORT_9092_TCP": "tcp://10.96.0.12:9092",
+        "PIDGATE_PORT_9092_TCP_ADDR": "10.96.0.12",
+        "PIDGATE_SERVICE_HOST": "10.96.0.12",
+        "PIDGATE_SERVICE_PORT": "9092",
+    }
+    process = PidgateProcess(broker.bootstrap, free_port(), env=service_links)
+    processes.append(process)
+    process.wait_listening()
+    wait_until(lambda: events_named(process, "pidgate_started"), 10, "started")
+    (ignored,) = events_named(process, "environment_variables_ignored")
+    assert ignored["variables"] == sorted(service_links)
+    assert "enableServiceLinks: false" in ignored["fix"]
+    (no_quota,) = events_named(process, "no_quota_configured")
+    assert "--default-producer-ids-rate" in no_quota["fix"]
+    assert no_quota["level"] == "warning"
+
+
+def test_sasl_through_a_pidgate_without_identity_sasl_is_warned_once(
+    broker: EmbeddedBroker, processes: list[PidgateProcess]
+) -> None:
+    process = PidgateProcess(
+        broker.bootstrap, free_port(), extra_args=("--default-producer-ids-rate", "10")
+    )
+    processes.append(process)
+    process.wait_listening()
+    for attempt in range(3):
+        # tansu has no SASL and answers with an error; the handshake still passed pidgate.
+        with KafkaSocket(process.bootstrap) as conn:
+            sasl_handshake(conn, "PLAIN", 1, correlation_id=attempt)
+    wait_until(
+        lambda: events_named(process, "sasl_handshake_while_identity_sasl_off"), 10, "warning"
+    )
+    (warning,) = events_named(process, "sasl_handshake_while_identity_sasl_off")
+    assert "PIDGATE_IDENTITY_SASL=true" in warning["fix"]
+    assert "User:ANONYMOUS" in warning["consequence"]
+    assert not events_named(process, "no_quota_configured")
+
+
+def test_a_broker_listener_that_cannot_bind_makes_readyz_not_ready(
+    broker: EmbeddedBroker, processes: list[PidgateProcess]
+) -> None:
+    base = free_port()
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", base + TANSU_NODE_ID))
+    blocker.listen()
+    process = PidgateProcess(
+        broker.bootstrap,
+        free_port(),
+        broker_port_base=base,
+        extra_args=("--default-producer-ids-rate", "10"),
+    )
+    processes.append(process)
+    admin = f"127.0.0.1:{process.admin_port}"
+    try:
+        process.wait_listening()
+        assert http_get(admin, "/readyz")[0] == 200
+        with KafkaSocket(process.bootstrap) as conn:  # Metadata names broker 111: listener opens
+            conn.sendall(encode_request(metadata_request(None), 1, 1))
+            conn.recv_frame()
+        status, body = http_get(admin, "/readyz")
+        assert status == 503
+        assert f"broker listener for node {TANSU_NODE_ID}" in body
+        assert f"127.0.0.1:{base + TANSU_NODE_ID}" in body
+        assert "proxy.broker_ports" in body
+    finally:
+        blocker.close()
+    # Freed: the next response naming the broker opens the listener, and pidgate is ready.
+    with KafkaSocket(process.bootstrap) as conn:
+        conn.sendall(encode_request(metadata_request(None), 1, 2))
+        conn.recv_frame()
+    wait_until(lambda: http_get(admin, "/readyz")[0] == 200, 10, "ready once the port is free")
+
+
+def test_bootstrap_port_in_use_names_the_setting(broker: EmbeddedBroker) -> None:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    process = PidgateProcess(broker.bootstrap, port)
+    try:
+        assert process.process.wait(20) == 1
+        (failed,) = events_named(process, "startup_failed")
+        assert f"bootstrap listener 127.0.0.1:{port}" in failed["error"]
+        assert "proxy.listen" in failed["error"] and "--listen" in failed["error"]
+    finally:
+        blocker.close()
+        process.close()
