@@ -22,15 +22,18 @@ from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
 from matplotlib.figure import Figure
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pidgate.pipeline.events import (
+    ACTIVITY_COLUMNS,
     ADMITTED_NEW,
+    BAD,
     INIT_PRODUCER_ID,
     REJECTED,
     hour_of,
-    read_events_cached,
+    read_events_marked,
 )
 from pidgate.pipeline.inputs import EventFiles, InputError, event_files
 from pidgate.pipeline.progress import Progress, stage
@@ -41,8 +44,9 @@ __all__ = [
     "ActivityReport",
     "build_activity_report",
     "hourly_activity",
-    "hourly_clients",
+    "hourly_from_requests",
     "offenders_figure",
+    "pid_requests",
     "rate_rule",
     "recommend_rates",
     "recommend_with_storms",
@@ -53,73 +57,109 @@ __all__ = [
 ]
 
 
-def hourly_activity(events: DataFrame) -> DataFrame:
-    """Per ``principal`` and ``hour`` (UTC, timestamp) with any event: ``new_pids`` (exact
-    distinct ``admitted_new`` PIDs), ``rejected_pids`` (distinct PIDs of rejected requests),
-    ``rejected_requests`` (distinct ``(instance, request_id)``), ``demanded_pids`` (distinct PIDs
-    admitted as new or rejected), ``init_producer_ids`` (events) and ``throttle_ms_max``.
+def pid_requests(events: DataFrame, keep_bad: bool = False) -> DataFrame:
+    """The one pass over the events that everything else is computed from: per ``principal``,
+    ``hour``, ``producer_id`` and ``request`` (``instance#request_id`` for a rejected event,
+    null otherwise): ``events``, ``is_new`` (1 if admitted as new), ``inits``
+    (InitProducerId answers), ``throttle_ms_max`` (rejected), ``new_ts_ms`` (its first
+    admission), ``first_ts_ms``, ``last_ts_ms`` and ``client`` (a client id it was seen
+    with). Much smaller than the events, and cheap to cache.
 
-    Computed in two levels (per PID, then per hour) rather than with one ``countDistinct`` per
-    column, which would make Spark expand every row once per distinct count."""
+    With ``keep_bad``, ``events`` comes from :func:`~pidgate.pipeline.events.read_events_marked`
+    and the output has its ``bad`` column as a key too (bad lines in one row, their count in
+    ``events``)."""
     event = F.col("event")
-    is_new = event == ADMITTED_NEW
     is_rejected = event == REJECTED
-    is_init = event == INIT_PRODUCER_ID
-    keyed = events.filter(event.isin(ADMITTED_NEW, REJECTED, INIT_PRODUCER_ID)).withColumn(
-        "hour", hour_of(F.col("ts_ms"))
+    request = F.when(
+        is_rejected,
+        F.concat_ws("#", F.coalesce(F.col("instance"), F.lit("")), F.col("request_id")),
     )
-    per_pid = keyed.groupBy("principal", "hour", "producer_id").agg(
-        F.max(is_new.cast("int")).alias("is_new"),
-        F.max(is_rejected.cast("int")).alias("is_rejected"),
-        F.count(F.when(is_init, True)).alias("inits"),
-        F.max(F.when(is_rejected, F.col("throttle_ms"))).alias("throttle_ms_max"),
-    )
-    has_pid = F.col("producer_id").isNotNull()
-    per_hour = per_pid.groupBy("principal", "hour").agg(
-        F.count(F.when(has_pid & (F.col("is_new") == 1), True)).alias("new_pids"),
-        F.count(F.when(has_pid & (F.col("is_rejected") == 1), True)).alias("rejected_pids"),
-        F.count(
-            F.when(has_pid & ((F.col("is_new") == 1) | (F.col("is_rejected") == 1)), True)
-        ).alias("demanded_pids"),
-        F.sum("inits").alias("init_producer_ids"),
-        F.max("throttle_ms_max").alias("throttle_ms_max"),
-    )
-    requests = (
-        keyed.filter(is_rejected)
+    wanted = event.isin(ADMITTED_NEW, REJECTED, INIT_PRODUCER_ID)
+    keys = ["principal", "hour", "producer_id", "request"]
+    if keep_bad:
+        wanted, keys = wanted | F.col(BAD), [BAD, *keys]
+    return (
+        events.filter(wanted)
         .select(
+            *([BAD] if keep_bad else []),
             "principal",
-            "hour",
-            F.concat_ws("#", F.coalesce(F.col("instance"), F.lit("")), F.col("request_id")).alias(
-                "request"
-            ),
+            hour_of(F.col("ts_ms")).alias("hour"),
+            "producer_id",
+            request.alias("request"),
+            "ts_ms",
+            "event",
+            "client_id",
+            "throttle_ms",
         )
+        .groupBy(*keys)
+        .agg(
+            F.count(F.lit(1)).alias("events"),
+            F.max((event == ADMITTED_NEW).cast("int")).alias("is_new"),
+            F.count(F.when(event == INIT_PRODUCER_ID, True)).alias("inits"),
+            F.max(F.when(is_rejected, F.col("throttle_ms"))).alias("throttle_ms_max"),
+            F.min(F.when(event == ADMITTED_NEW, F.col("ts_ms"))).alias("new_ts_ms"),
+            F.min("ts_ms").alias("first_ts_ms"),
+            F.max("ts_ms").alias("last_ts_ms"),
+            F.max("client_id").alias("client"),
+        )
+    )
+
+
+def _per_pid(requests: DataFrame) -> DataFrame:
+    return requests.groupBy("principal", "hour", "producer_id").agg(
+        F.max("is_new").alias("is_new"),
+        F.max(F.col("request").isNotNull().cast("int")).alias("is_rejected"),
+        F.sum("inits").alias("inits"),
+        F.max("throttle_ms_max").alias("throttle_ms_max"),
+        F.max("client").alias("client"),
+    )
+
+
+def hourly_from_requests(requests: DataFrame) -> DataFrame:
+    """:func:`hourly_activity` from :func:`pid_requests`' output, plus ``clients``: the
+    distinct client ids of its PIDs in that hour (a PID without one counts as one client)."""
+    has_pid = F.col("producer_id").isNotNull()
+    new = F.col("is_new") == 1
+    rejected = F.col("is_rejected") == 1
+    per_hour = (
+        _per_pid(requests)
+        .groupBy("principal", "hour")
+        .agg(
+            F.count(F.when(has_pid & new, True)).alias("new_pids"),
+            F.count(F.when(has_pid & rejected, True)).alias("rejected_pids"),
+            F.count(F.when(has_pid & (new | rejected), True)).alias("demanded_pids"),
+            F.sum("inits").cast("long").alias("init_producer_ids"),
+            F.max("throttle_ms_max").alias("throttle_ms_max"),
+            F.countDistinct(F.coalesce(F.col("client"), F.lit(""))).alias("clients"),
+        )
+    )
+    rejected_requests = (
+        requests.filter(F.col("request").isNotNull())
         .groupBy("principal", "hour")
         .agg(F.countDistinct("request").alias("rejected_requests"))
     )
-    return per_hour.join(requests, ["principal", "hour"], "left").select(
+    return per_hour.join(rejected_requests, ["principal", "hour"], "left").select(
         "principal",
         "hour",
         "new_pids",
         "rejected_pids",
         F.coalesce(F.col("rejected_requests"), F.lit(0).cast("long")).alias("rejected_requests"),
         "demanded_pids",
-        F.col("init_producer_ids").cast("long").alias("init_producer_ids"),
+        "init_producer_ids",
         "throttle_ms_max",
+        "clients",
     )
 
 
-def hourly_clients(events: DataFrame) -> DataFrame:
-    """Per ``principal`` and ``hour``: ``clients``, the distinct ``client_id`` values (a missing
-    client id counts as one client) of its events: how many producer instances it ran."""
-    return (
-        events.select(
-            "principal",
-            hour_of(F.col("ts_ms")).alias("hour"),
-            F.coalesce(F.col("client_id"), F.lit("")).alias("client"),
-        )
-        .groupBy("principal", "hour")
-        .agg(F.countDistinct("client").alias("clients"))
-    )
+def hourly_activity(events: DataFrame) -> DataFrame:
+    """Per ``principal`` and ``hour`` (UTC, timestamp) with any event: ``new_pids`` (exact
+    distinct ``admitted_new`` PIDs), ``rejected_pids`` (distinct PIDs of rejected requests),
+    ``rejected_requests`` (distinct ``(instance, request_id)``), ``demanded_pids`` (distinct PIDs
+    admitted as new or rejected), ``init_producer_ids`` (events) and ``throttle_ms_max``.
+
+    Computed in levels (per PID and request, per PID, per hour) rather than with one
+    ``countDistinct`` per column, which would make Spark copy every row once per count."""
+    return hourly_from_requests(pid_requests(events)).drop("clients")
 
 
 def top_offenders(hourly: DataFrame, n: int) -> DataFrame:
@@ -207,9 +247,10 @@ def storm_rule(percentile: float = 0.99, headroom: float = 1.5) -> str:
 
 
 def recommend_with_storms(
-    hourly: DataFrame, clients: DataFrame, percentile: float = 0.99, headroom: float = 1.5
+    hourly: DataFrame, percentile: float = 0.99, headroom: float = 1.5
 ) -> DataFrame:
-    """:func:`recommend_rates` with restart storms told apart (:func:`storm_rule`). Per
+    """:func:`recommend_rates` with restart storms told apart (:func:`storm_rule`), from
+    :func:`hourly_from_requests` (which has ``clients``). Per
     principal: ``storm`` (any storm hour), ``storm_hours``, ``peak_pids_per_client``,
     ``rejected_share``, ``baseline_hourly_demand``, ``recommended_producer_ids_rate`` and
     ``reason`` (one sentence). Storms first, then by recommendation, then name."""
@@ -224,8 +265,7 @@ def recommend_with_storms(
         (per_client >= STORM_PIDS_PER_CLIENT) | (rejected_share >= STORM_REJECTED_SHARE)
     )
     hours = (
-        hourly.join(clients, ["principal", "hour"], "left")
-        .withColumn("clients", F.coalesce(F.col("clients"), F.lit(1)))
+        hourly.withColumn("clients", F.greatest(F.col("clients"), F.lit(1)))
         .withColumn("per_client", per_client)
         .withColumn("stormy", stormy)
     )
@@ -307,15 +347,19 @@ def recommend_with_storms(
 # -- time buckets and figures --------------------------------------------------------------
 
 
-def bucketed_new_pids(events: DataFrame, bucket_s: int, principals: list[str]) -> DataFrame:
+def bucketed_new_pids(requests: DataFrame, bucket_s: int, principals: list[str]) -> DataFrame:
     """Per principal of ``principals`` and ``bucket_s`` bucket (``bucket`` = epoch seconds of
-    its start): exact distinct new PIDs."""
+    its start), from :func:`pid_requests`: ``new_pids``, the PIDs whose first admission in an
+    hour falls in the bucket (exact distinct for buckets up to an hour; the sum of hourly
+    counts for longer ones)."""
+    first_new = (
+        requests.filter(F.col("principal").isin(principals) & F.col("new_ts_ms").isNotNull())
+        .groupBy("principal", "hour", "producer_id")
+        .agg(F.min("new_ts_ms").alias("ts_ms"))
+    )
     bucket = (F.floor(F.col("ts_ms") / (1000 * bucket_s)) * bucket_s).cast("long")
-    return (
-        events.filter((F.col("event") == ADMITTED_NEW) & F.col("principal").isin(principals))
-        .select("principal", bucket.alias("bucket"), "producer_id")
-        .groupBy("principal", "bucket")
-        .agg(F.countDistinct("producer_id").alias("new_pids"))
+    return first_new.groupBy("principal", bucket.alias("bucket")).agg(
+        F.count(F.lit(1)).alias("new_pids")
     )
 
 
@@ -386,6 +430,16 @@ def timeline_figure(
     return fig
 
 
+def _display_rates(rates: pd.DataFrame) -> pd.DataFrame:
+    """The recommendations as the report shows them: storm/steady in words, one decimal."""
+    shown = rates.copy()
+    if len(shown):
+        shown["storm"] = shown["storm"].map({True: "restart storm", False: "steady"})
+        for name in ("percentile_hourly_demand", "baseline_hourly_demand"):
+            shown[name] = shown[name].astype(float).round(1)
+    return shown.rename(columns={"storm": "demand"})
+
+
 def _yaml_snippet(rates: list[tuple[str, int]]) -> str:
     lines = ["quota:", "  users:"]
     for principal, rate in rates:
@@ -442,23 +496,47 @@ def build_activity_report(
     event is in the log (or the period). Call :meth:`ActivityReport.release` afterwards."""
     files = event_files(events_path) if isinstance(events_path, str) else events_path
     stage(progress, f"reading the event log {files.described} ...")
-    events, bad_lines, total, cache = read_events_cached(spark, files.paths, since_ms, until_ms)
-    cached = [cache]
+    marked = read_events_marked(spark, files.paths, ACTIVITY_COLUMNS)
+    keep = F.lit(True)
+    if since_ms is not None:
+        keep = keep & (F.col("ts_ms") >= F.lit(since_ms))
+    if until_ms is not None:
+        keep = keep & (F.col("ts_ms") < F.lit(until_ms))
+    # One pass over the JSON: bad lines counted and good ones aggregated per PID and request;
+    # everything below reads this much smaller, cached aggregate.
+    requests_all = pid_requests(marked.filter(F.col(BAD) | keep), keep_bad=True).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    cached: list[DataFrame] = [requests_all]
     try:
-        if total == 0:
+        counts = {
+            bool(row[BAD]): row
+            for row in requests_all.groupBy(BAD)
+            .agg(
+                F.sum("events").alias("events"),
+                F.min("first_ts_ms").alias("first"),
+                F.max("last_ts_ms").alias("last"),
+            )
+            .collect()
+        }
+        bad_lines = int(counts[True]["events"]) if True in counts else 0
+        span = counts.get(False)
+        total = int(span["events"]) if span is not None else 0
+        requests = requests_all.filter(~F.col(BAD)).drop(BAD)
+        if span is None or total == 0:
             period = " in the period given" if since_ms or until_ms else ""
             raise InputError(
                 f"--events {files.described}: no events{period} "
                 f"({bad_lines} bad lines skipped); nothing to report"
             )
-        stage(progress, f"{total:,} events read; counting PIDs per principal and hour ...")
-        hourly = hourly_activity(events).cache()
-        cached.append(hourly)
-        span = events.agg(F.min("ts_ms").alias("first"), F.max("ts_ms").alias("last")).collect()[0]
         first_ms, last_ms = int(span["first"]), int(span["last"])
+        stage(progress, f"{total:,} events read; counting PIDs per principal and hour ...")
+        hourly_clients = hourly_from_requests(requests).cache()
+        cached.append(hourly_clients)
+        hourly = hourly_clients.drop("clients")
         offenders = top_offenders(hourly, top_n)
         stage(progress, "telling restart storms from steady demand ...")
-        rates = recommend_with_storms(hourly, hourly_clients(events), percentile, headroom)
+        rates = recommend_with_storms(hourly_clients, percentile, headroom)
         totals = hourly.agg(
             F.countDistinct("principal").alias("principals"),
             F.sum("new_pids").alias("new_pids"),
@@ -473,7 +551,7 @@ def build_activity_report(
         stage(progress, f"charting new PIDs per {bucket_name} ...")
         top5 = [str(p) for p in offenders_pd["principal"].head(5)]
         series: dict[str, dict[int, int]] = {p: {} for p in top5}
-        for row in bucketed_new_pids(events, bucket_s, top5).collect():
+        for row in bucketed_new_pids(requests, bucket_s, top5).collect():
             series[row["principal"]][int(row["bucket"])] = int(row["new_pids"])
         start_s = first_ms // 1000 // bucket_s * bucket_s
         end_s = (last_ms // 1000 // bucket_s + 1) * bucket_s
@@ -548,7 +626,7 @@ def build_activity_report(
                 + storm_rule(percentile, headroom)
                 + "\n\nAs pidgate config:\n"
                 + _yaml_snippet(recommended),
-                rates_pd,
+                _display_rates(rates_pd),
             ),
         ]
         lines = [

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -31,15 +30,17 @@ from pyspark.sql.types import (
 )
 
 __all__ = [
+    "ACTIVITY_COLUMNS",
     "ADMITTED_NEW",
+    "BAD",
     "EVENT_SCHEMA",
     "EVENT_TYPES",
     "INIT_PRODUCER_ID",
     "REJECTED",
     "hour_of",
     "read_events",
-    "read_events_cached",
     "read_events_checked",
+    "read_events_marked",
 ]
 
 ADMITTED_NEW = "admitted_new"
@@ -78,8 +79,11 @@ def hour_of(ts_ms: Column) -> Column:
     return F.date_trunc("hour", F.timestamp_millis(ts_ms))
 
 
-def _read_raw(spark: SparkSession, path: str | Sequence[str]) -> DataFrame:
-    schema = StructType([*EVENT_SCHEMA.fields, StructField(_CORRUPT, StringType())])
+def _read_raw(
+    spark: SparkSession, path: str | Sequence[str], columns: Sequence[str] | None = None
+) -> DataFrame:
+    fields = [f for f in EVENT_SCHEMA.fields if columns is None or f.name in columns]
+    schema = StructType([*fields, StructField(_CORRUPT, StringType())])
     reader = (
         spark.read.schema(schema)
         .option("mode", "PERMISSIVE")
@@ -119,7 +123,7 @@ def read_events_checked(spark: SparkSession, path: str | Sequence[str]) -> tuple
     return raw.filter(_is_good()).select(*EVENT_SCHEMA.fieldNames()), bad
 
 
-#: The columns the activity job needs (the slimmer the cache, the faster every later pass).
+#: The columns the activity job reads (parsing fewer fields of each line is faster).
 ACTIVITY_COLUMNS = (
     "ts_ms",
     "event",
@@ -132,38 +136,18 @@ ACTIVITY_COLUMNS = (
 )
 
 
-def read_events_cached(
-    spark: SparkSession,
-    path: str | Sequence[str],
-    since_ms: int | None = None,
-    until_ms: int | None = None,
-    columns: Sequence[str] = ACTIVITY_COLUMNS,
-) -> tuple[DataFrame, int, int, DataFrame]:
-    """Parse the JSON once: the well-formed events in ``[since_ms, until_ms)`` with only
-    ``columns`` (read from a cache, memory spilling to disk, for the caller's later passes),
-    the number of bad lines, the number of events kept, and the cached DataFrame, which the
-    caller unpersists when done."""
-    raw = _read_raw(spark, path)
-    ts = F.col("ts_ms")
-    keep = F.lit(True)
-    if since_ms is not None:
-        keep = keep & (ts >= F.lit(since_ms))
-    if until_ms is not None:
-        keep = keep & (ts < F.lit(until_ms))
-    marked = raw.select(
-        _is_good().alias("_good"), keep.alias("_keep"), *[F.col(c) for c in columns]
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        counts = (
-            marked.groupBy()
-            .agg(
-                F.count(F.when(~F.col("_good"), True)).alias("bad"),
-                F.count(F.when(F.col("_good") & F.col("_keep"), True)).alias("kept"),
-            )
-            .collect()[0]
-        )
-    except BaseException:
-        marked.unpersist()
-        raise
-    events = marked.filter(F.col("_good") & F.col("_keep")).select(*columns)
-    return events, int(counts["bad"] or 0), int(counts["kept"] or 0), marked
+BAD = "bad"
+
+
+def read_events_marked(
+    spark: SparkSession, path: str | Sequence[str], columns: Sequence[str] = ACTIVITY_COLUMNS
+) -> DataFrame:
+    """Every line under ``path`` with ``columns`` (only those fields are parsed) and a boolean
+    :data:`BAD` column, true for a line :func:`read_events` would drop (its other columns are
+    then null), so one pass can both count bad lines and use the good ones."""
+    for name in _REQUIRED:
+        if name not in columns:
+            raise ValueError(f"columns must include {name!r}")
+    raw = _read_raw(spark, path, columns)
+    bad = ~_is_good()
+    return raw.select(bad.alias(BAD), *[F.when(~F.col(BAD), F.col(c)).alias(c) for c in columns])

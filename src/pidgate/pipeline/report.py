@@ -44,7 +44,10 @@ p.text { white-space: pre-wrap; }
 table.dataframe { border-collapse: collapse; font-size: .9em; margin: 1em 0; }
 table.dataframe th, table.dataframe td { border: 1px solid #ccc; padding: .25em .6em;
        text-align: right; }
-table.dataframe th { background: #f0f0f0; }
+table.dataframe th { background: #f0f0f0; white-space: nowrap; }
+table.dataframe td:first-child { white-space: nowrap; text-align: left; }
+table.dataframe td.text { text-align: left; }
+div.table { overflow-x: auto; }
 img.figure { max-width: 100%; display: block; margin: 1em 0; }
 footer { margin-top: 3em; font-size: .8em; color: #777; }
 """
@@ -104,7 +107,8 @@ def render_html(title: str, sections: Sequence[Section], outputs: Sequence[str] 
             if section.table.empty:
                 parts.append("<p><em>(no rows)</em></p>")
             else:
-                parts.append(section.table.to_html(index=False, escape=True, border=0))
+                table = section.table.to_html(index=False, escape=True, border=0, na_rep="-")
+                parts.append(f'<div class="table">{table}</div>')
         if section.figure is not None:
             alt = esc(section.title, quote=True)
             parts.append(
