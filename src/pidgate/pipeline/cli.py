@@ -207,7 +207,6 @@ def run_analyze(args: argparse.Namespace) -> int:
     from pidgate.pipeline.progress import Progress
 
     progress = Progress()
-    progress.stage(f"{prog}: starting Spark ({args.master or 'local[*]'}) ...")
     events = prepared.get("events")
     try:
         return _run_job(args, prepared, progress)
@@ -241,6 +240,8 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
     job: str = args.job
     # A session that already exists (a notebook, a test) is used and left running.
     owned = SparkSession.getActiveSession() is None
+    if owned:
+        progress.stage(f"pidgate analyze {job}: starting Spark ({args.master or 'local[*]'}) ...")
     spark = spark_session(args.master, app_name=f"pidgate-{job}")
     progress.watch(spark)
     try:
