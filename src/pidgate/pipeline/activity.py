@@ -241,8 +241,10 @@ def storm_rule(percentile: float = 0.99, headroom: float = 1.5) -> str:
         f"per batch: short-lived PIDs), or {STORM_REJECTED_SHARE:.0%} or more of them were "
         f"rejected. For a principal with storm hours the quota comes from its healthy "
         f"baseline, not from the storm: p{percentile * 100:g} of the demand of its other hours "
-        f"x {headroom:g}, or, when every hour stormed, p{percentile * 100:g} of its clients "
-        f"per hour x {headroom:g} (one new PID per producer per hour)."
+        f"x {headroom:g}, or, when every hour stormed, the smaller of p{percentile * 100:g} of "
+        f"its clients per hour x {headroom:g} (one new PID per producer per hour) and "
+        f"p{percentile * 100:g} of the new PIDs it was admitted per hour (what the current "
+        f"quota let through: a storm never loosens its quota)."
     )
 
 
@@ -272,6 +274,7 @@ def recommend_with_storms(
     p_all = F.percentile(demand.cast("double"), F.lit(percentile))
     p_healthy = F.percentile(F.when(~F.col("stormy"), demand.cast("double")), F.lit(percentile))
     p_clients = F.percentile(F.col("clients").cast("double"), F.lit(percentile))
+    p_admitted = F.percentile(F.col("new_pids").cast("double"), F.lit(percentile))
     agg = hours.groupBy("principal").agg(
         F.count(F.lit(1)).alias("active_hours"),
         F.max(demand).alias("peak_hourly_demand"),
@@ -283,15 +286,21 @@ def recommend_with_storms(
         ),
         p_healthy.alias("healthy"),
         p_clients.alias("clients_p"),
+        p_admitted.alias("admitted_p"),
         F.max("clients").alias("peak_clients"),
     )
     storm = F.col("storm_hours") > 0
+    # Every hour stormed: per client, or what the quota admitted, whichever is smaller (the
+    # baseline is then stated before headroom, like the others).
+    all_storm = F.least(F.col("clients_p"), F.col("admitted_p") / F.lit(headroom))
     baseline = (
         F.when(~storm, F.col("percentile_hourly_demand"))
         .when(F.col("healthy").isNotNull(), F.col("healthy"))
-        .otherwise(F.col("clients_p"))
+        .otherwise(all_storm)
     )
-    rate = F.greatest(F.lit(1).cast("long"), F.ceil(baseline * F.lit(headroom)).cast("long"))
+    # Rounded first, so that admitted / headroom x headroom stays a whole number.
+    scaled = F.round(baseline * F.lit(headroom), 6)
+    rate = F.greatest(F.lit(1).cast("long"), F.ceil(scaled).cast("long"))
     p = f"p{percentile * 100:g}"
     reason = (
         F.when(
@@ -314,11 +323,13 @@ def recommend_with_storms(
         .otherwise(
             F.format_string(
                 f"restart storm in every hour (peak %d PIDs/h, %.1f per client, %.0f%% "
-                f"rejected); from its clients: {p} %.0f clients/h x {headroom:g}",
+                f"rejected); the smaller of {p} %.0f clients/h x {headroom:g} and {p} %.0f "
+                f"PIDs/h admitted",
                 F.col("peak_hourly_demand"),
                 F.col("peak_pids_per_client"),
                 F.col("rejected_share") * 100,
-                baseline,
+                F.col("clients_p"),
+                F.col("admitted_p"),
             )
         )
     )
@@ -399,6 +410,7 @@ def timeline_figure(
     """New PIDs per bucket for each principal of ``series`` (bucket start s -> count), zeros
     filled in, markers on every point, x from ``start_s`` to ``end_s`` (UTC)."""
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(10, 4.2))
     ax = fig.add_subplot()
@@ -423,6 +435,7 @@ def timeline_figure(
     ax.set_xlabel("time (UTC)")
     ax.set_ylabel(f"new producer IDs per {bucket_name}")
     ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"New producer IDs per {bucket_name}, top principals")
     if series:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -430,14 +443,37 @@ def timeline_figure(
     return fig
 
 
-def _display_rates(rates: pd.DataFrame) -> pd.DataFrame:
-    """The recommendations as the report shows them: storm/steady in words, one decimal."""
-    shown = rates.copy()
-    if len(shown):
-        shown["storm"] = shown["storm"].map({True: "restart storm", False: "steady"})
-        for name in ("percentile_hourly_demand", "baseline_hourly_demand"):
-            shown[name] = shown[name].astype(float).round(1)
-    return shown.rename(columns={"storm": "demand"})
+def _display_rates(rates: pd.DataFrame, percentile: float) -> pd.DataFrame:
+    """The recommendations as the report shows them: short headers that wrap, storm/steady in
+    words, one decimal, the reasons left to the text above (the Parquet keeps them)."""
+    p = f"p{percentile * 100:g}"
+    shown = pd.DataFrame(
+        {
+            "principal": rates["principal"],
+            "demand": rates["storm"].map({True: "restart storm", False: "steady"}),
+            "recommended producer_ids_rate": rates["recommended_producer_ids_rate"],
+            "baseline per hour": rates["baseline_hourly_demand"].astype(float).round(1),
+            f"{p} PIDs per hour": rates["percentile_hourly_demand"].astype(float).round(1),
+            "peak PIDs per hour": rates["peak_hourly_demand"],
+            "storm hours / hours": [
+                f"{s} / {a}"
+                for s, a in zip(rates["storm_hours"], rates["active_hours"], strict=True)
+            ],
+            "peak PIDs per client and hour": rates["peak_pids_per_client"],
+            "rejected": [f"{share:.0%}" for share in rates["rejected_share"].astype(float)],
+        }
+    )
+    return shown
+
+
+def _storm_reasons(rates: pd.DataFrame, limit: int = 20) -> str:
+    storms = rates[rates["storm"]] if len(rates) else rates
+    if not len(storms):
+        return "No restart storms: every recommendation follows the steady rule."
+    lines = [f"  {r.principal}: {r.reason}" for r in storms.head(limit).itertuples(index=False)]
+    if len(storms) > limit:
+        lines.append(f"  ... and {len(storms) - limit} more (recommendations.parquet)")
+    return "Why, per restart storm:\n" + "\n".join(lines)
 
 
 def _yaml_snippet(rates: list[tuple[str, int]]) -> str:
@@ -613,8 +649,8 @@ def build_activity_report(
             Section(
                 f"New producer IDs per {bucket_name}",
                 f"Exact distinct new PIDs per {bucket_name} ({bucket_s} s buckets, chosen from "
-                f"the period), the {len(top5)} principals with the most; buckets without "
-                f"events are 0.",
+                f"the period), the top {len(top5)} principal(s) by new PIDs; buckets "
+                f"without events are 0.",
                 None,
                 timeline_figure(series, bucket_s, bucket_name, start_s, end_s),
             ),
@@ -624,9 +660,11 @@ def build_activity_report(
                 + rate_rule(percentile, headroom)
                 + "\n\nStorms: "
                 + storm_rule(percentile, headroom)
+                + "\n\n"
+                + _storm_reasons(rates_pd)
                 + "\n\nAs pidgate config:\n"
                 + _yaml_snippet(recommended),
-                _display_rates(rates_pd),
+                _display_rates(rates_pd, percentile),
             ),
         ]
         lines = [
