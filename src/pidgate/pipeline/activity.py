@@ -648,9 +648,13 @@ def build_activity_report(
             ),
             Section(
                 f"New producer IDs per {bucket_name}",
-                f"Exact distinct new PIDs per {bucket_name} ({bucket_s} s buckets, chosen from "
-                f"the period), the top {len(top5)} principal(s) by new PIDs; buckets "
-                f"without events are 0.",
+                (
+                    f"Exact distinct new PIDs per {bucket_name}"
+                    if bucket_s <= 3600
+                    else f"New PIDs per {bucket_name} (the sum of its hours' exact distinct counts)"
+                )
+                + f" ({bucket_s} s buckets, chosen from the period), the top {len(top5)} "
+                f"principal(s) by new PIDs; buckets without events are 0.",
                 None,
                 timeline_figure(series, bucket_s, bucket_name, start_s, end_s),
             ),

@@ -103,6 +103,9 @@ def event_files(path: str, flag: str = "--events") -> EventFiles:
     text = str(local)
     if any(ch in text for ch in _GLOB_CHARS):
         matches = sorted(glob.glob(text, recursive=True))
+        if not matches and "{" in text:
+            # Hadoop's {a,b} alternatives, which Python's glob lacks: Spark expands them.
+            return EventFiles(paths=[path], described=path, local=False)
         if not matches:
             raise InputError(f"{flag} {path}: no file matches this pattern")
         files: list[Path] = []
