@@ -15,8 +15,7 @@ from pyspark.sql import SparkSession
 from pidgate.pipeline.activity import (
     ActivityReport,
     build_activity_report,
-    hourly_from_requests,
-    pid_requests,
+    hourly_with_clients,
     recommend_with_storms,
 )
 from pidgate.pipeline.generate import GeneratorConfig, generate_events
@@ -157,7 +156,7 @@ def storm_log() -> list[tuple[Any, ...]]:
 
 
 def test_a_storm_gets_its_healthy_baseline_not_its_storm(spark: SparkSession) -> None:
-    hourly = hourly_from_requests(pid_requests(events_df(spark, storm_log())))
+    hourly = hourly_with_clients(events_df(spark, storm_log()))
     rates = {r.principal: r for r in recommend_with_storms(hourly).collect()}
     storm, steady = rates["User:storm"], rates["User:steady"]
     assert (storm.storm, storm.storm_hours, storm.peak_hourly_demand) == (True, 2, 300)
@@ -174,6 +173,6 @@ def test_a_storm_gets_its_healthy_baseline_not_its_storm(spark: SparkSession) ->
 
 @pytest.mark.parametrize("percentile", [-0.1, 1.5])
 def test_bad_percentiles_are_refused(spark: SparkSession, percentile: float) -> None:
-    hourly = hourly_from_requests(pid_requests(events_df(spark, storm_log())))
+    hourly = hourly_with_clients(events_df(spark, storm_log()))
     with pytest.raises(ValueError):
         recommend_with_storms(hourly, percentile=percentile)

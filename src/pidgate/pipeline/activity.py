@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
 from matplotlib.figure import Figure
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -44,9 +43,8 @@ __all__ = [
     "ActivityReport",
     "build_activity_report",
     "hourly_activity",
-    "hourly_from_requests",
+    "hourly_with_clients",
     "offenders_figure",
-    "pid_requests",
     "rate_rule",
     "recommend_rates",
     "recommend_with_storms",
@@ -57,109 +55,63 @@ __all__ = [
 ]
 
 
-def pid_requests(events: DataFrame, keep_bad: bool = False) -> DataFrame:
-    """The one pass over the events that everything else is computed from: per ``principal``,
-    ``hour``, ``producer_id`` and ``request`` (``instance#request_id`` for a rejected event,
-    null otherwise): ``events``, ``is_new`` (1 if admitted as new), ``inits``
-    (InitProducerId answers), ``throttle_ms_max`` (rejected), ``new_ts_ms`` (its first
-    admission), ``first_ts_ms``, ``last_ts_ms`` and ``client`` (a client id it was seen
-    with). Much smaller than the events, and cheap to cache.
+def hourly_with_clients(events: DataFrame, keep_bad: bool = False) -> DataFrame:
+    """:func:`hourly_activity` plus ``clients`` (distinct client ids; a missing one counts as
+    one client), ``events``, ``first_ts_ms`` and ``last_ts_ms`` per principal and hour, in one
+    aggregation (one pass over the input).
 
     With ``keep_bad``, ``events`` comes from :func:`~pidgate.pipeline.events.read_events_marked`
-    and the output has its ``bad`` column as a key too (bad lines in one row, their count in
-    ``events``)."""
+    and its ``bad`` column is a key too: the bad lines form one row (null principal and hour)
+    whose ``events`` counts them."""
     event = F.col("event")
+    pid = F.col("producer_id")
+    is_new = event == ADMITTED_NEW
     is_rejected = event == REJECTED
     request = F.when(
         is_rejected,
         F.concat_ws("#", F.coalesce(F.col("instance"), F.lit("")), F.col("request_id")),
     )
     wanted = event.isin(ADMITTED_NEW, REJECTED, INIT_PRODUCER_ID)
-    keys = ["principal", "hour", "producer_id", "request"]
+    keys = ["principal", "hour"]
     if keep_bad:
         wanted, keys = wanted | F.col(BAD), [BAD, *keys]
     return (
         events.filter(wanted)
-        .select(
-            *([BAD] if keep_bad else []),
-            "principal",
-            hour_of(F.col("ts_ms")).alias("hour"),
-            "producer_id",
-            request.alias("request"),
-            "ts_ms",
-            "event",
-            "client_id",
-            "throttle_ms",
-        )
+        .withColumn("hour", hour_of(F.col("ts_ms")))
         .groupBy(*keys)
         .agg(
-            F.count(F.lit(1)).alias("events"),
-            F.max((event == ADMITTED_NEW).cast("int")).alias("is_new"),
-            F.count(F.when(event == INIT_PRODUCER_ID, True)).alias("inits"),
+            F.countDistinct(F.when(is_new, pid)).alias("new_pids"),
+            F.countDistinct(F.when(is_rejected, pid)).alias("rejected_pids"),
+            F.countDistinct(request).alias("rejected_requests"),
+            F.countDistinct(F.when(is_new | is_rejected, pid)).alias("demanded_pids"),
+            F.count(F.when(event == INIT_PRODUCER_ID, True)).alias("init_producer_ids"),
             F.max(F.when(is_rejected, F.col("throttle_ms"))).alias("throttle_ms_max"),
-            F.min(F.when(event == ADMITTED_NEW, F.col("ts_ms"))).alias("new_ts_ms"),
+            F.countDistinct(F.coalesce(F.col("client_id"), F.lit(""))).alias("clients"),
+            F.count(F.lit(1)).alias("events"),
             F.min("ts_ms").alias("first_ts_ms"),
             F.max("ts_ms").alias("last_ts_ms"),
-            F.max("client_id").alias("client"),
         )
     )
 
 
-def _per_pid(requests: DataFrame) -> DataFrame:
-    return requests.groupBy("principal", "hour", "producer_id").agg(
-        F.max("is_new").alias("is_new"),
-        F.max(F.col("request").isNotNull().cast("int")).alias("is_rejected"),
-        F.sum("inits").alias("inits"),
-        F.max("throttle_ms_max").alias("throttle_ms_max"),
-        F.max("client").alias("client"),
-    )
-
-
-def hourly_from_requests(requests: DataFrame) -> DataFrame:
-    """:func:`hourly_activity` from :func:`pid_requests`' output, plus ``clients``: the
-    distinct client ids of its PIDs in that hour (a PID without one counts as one client)."""
-    has_pid = F.col("producer_id").isNotNull()
-    new = F.col("is_new") == 1
-    rejected = F.col("is_rejected") == 1
-    per_hour = (
-        _per_pid(requests)
-        .groupBy("principal", "hour")
-        .agg(
-            F.count(F.when(has_pid & new, True)).alias("new_pids"),
-            F.count(F.when(has_pid & rejected, True)).alias("rejected_pids"),
-            F.count(F.when(has_pid & (new | rejected), True)).alias("demanded_pids"),
-            F.sum("inits").cast("long").alias("init_producer_ids"),
-            F.max("throttle_ms_max").alias("throttle_ms_max"),
-            F.countDistinct(F.coalesce(F.col("client"), F.lit(""))).alias("clients"),
-        )
-    )
-    rejected_requests = (
-        requests.filter(F.col("request").isNotNull())
-        .groupBy("principal", "hour")
-        .agg(F.countDistinct("request").alias("rejected_requests"))
-    )
-    return per_hour.join(rejected_requests, ["principal", "hour"], "left").select(
-        "principal",
-        "hour",
-        "new_pids",
-        "rejected_pids",
-        F.coalesce(F.col("rejected_requests"), F.lit(0).cast("long")).alias("rejected_requests"),
-        "demanded_pids",
-        "init_producer_ids",
-        "throttle_ms_max",
-        "clients",
-    )
+_HOURLY_COLUMNS = (
+    "principal",
+    "hour",
+    "new_pids",
+    "rejected_pids",
+    "rejected_requests",
+    "demanded_pids",
+    "init_producer_ids",
+    "throttle_ms_max",
+)
 
 
 def hourly_activity(events: DataFrame) -> DataFrame:
     """Per ``principal`` and ``hour`` (UTC, timestamp) with any event: ``new_pids`` (exact
     distinct ``admitted_new`` PIDs), ``rejected_pids`` (distinct PIDs of rejected requests),
     ``rejected_requests`` (distinct ``(instance, request_id)``), ``demanded_pids`` (distinct PIDs
-    admitted as new or rejected), ``init_producer_ids`` (events) and ``throttle_ms_max``.
-
-    Computed in levels (per PID and request, per PID, per hour) rather than with one
-    ``countDistinct`` per column, which would make Spark copy every row once per count."""
-    return hourly_from_requests(pid_requests(events)).drop("clients")
+    admitted as new or rejected), ``init_producer_ids`` (events) and ``throttle_ms_max``."""
+    return hourly_with_clients(events).select(*_HOURLY_COLUMNS)
 
 
 def top_offenders(hourly: DataFrame, n: int) -> DataFrame:
@@ -252,7 +204,7 @@ def recommend_with_storms(
     hourly: DataFrame, percentile: float = 0.99, headroom: float = 1.5
 ) -> DataFrame:
     """:func:`recommend_rates` with restart storms told apart (:func:`storm_rule`), from
-    :func:`hourly_from_requests` (which has ``clients``). Per
+    :func:`hourly_with_clients` (which has ``clients``). Per
     principal: ``storm`` (any storm hour), ``storm_hours``, ``peak_pids_per_client``,
     ``rejected_share``, ``baseline_hourly_demand``, ``recommended_producer_ids_rate`` and
     ``reason`` (one sentence). Storms first, then by recommendation, then name."""
@@ -358,19 +310,16 @@ def recommend_with_storms(
 # -- time buckets and figures --------------------------------------------------------------
 
 
-def bucketed_new_pids(requests: DataFrame, bucket_s: int, principals: list[str]) -> DataFrame:
+def bucketed_new_pids(events: DataFrame, bucket_s: int, principals: list[str]) -> DataFrame:
     """Per principal of ``principals`` and ``bucket_s`` bucket (``bucket`` = epoch seconds of
-    its start), from :func:`pid_requests`: ``new_pids``, the PIDs whose first admission in an
-    hour falls in the bucket (exact distinct for buckets up to an hour; the sum of hourly
-    counts for longer ones)."""
-    first_new = (
-        requests.filter(F.col("principal").isin(principals) & F.col("new_ts_ms").isNotNull())
-        .groupBy("principal", "hour", "producer_id")
-        .agg(F.min("new_ts_ms").alias("ts_ms"))
-    )
+    its start): exact distinct new PIDs (for buckets shorter than an hour; longer ones are
+    summed from the hourly counts instead, without another pass)."""
     bucket = (F.floor(F.col("ts_ms") / (1000 * bucket_s)) * bucket_s).cast("long")
-    return first_new.groupBy("principal", bucket.alias("bucket")).agg(
-        F.count(F.lit(1)).alias("new_pids")
+    return (
+        events.filter((F.col("event") == ADMITTED_NEW) & F.col("principal").isin(principals))
+        .select("principal", bucket.alias("bucket"), "producer_id")
+        .groupBy("principal", "bucket")
+        .agg(F.countDistinct("producer_id").alias("new_pids"))
     )
 
 
@@ -538,16 +487,14 @@ def build_activity_report(
         keep = keep & (F.col("ts_ms") >= F.lit(since_ms))
     if until_ms is not None:
         keep = keep & (F.col("ts_ms") < F.lit(until_ms))
-    # One pass over the JSON: bad lines counted and good ones aggregated per PID and request;
-    # everything below reads this much smaller, cached aggregate.
-    requests_all = pid_requests(marked.filter(F.col(BAD) | keep), keep_bad=True).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
-    cached: list[DataFrame] = [requests_all]
+    # One pass over the JSON: bad lines counted and good ones aggregated per principal and
+    # hour; everything but a sub-hour chart reads this small, cached aggregate.
+    hourly_all = hourly_with_clients(marked.filter(F.col(BAD) | keep), keep_bad=True).cache()
+    cached: list[DataFrame] = [hourly_all]
     try:
         counts = {
             bool(row[BAD]): row
-            for row in requests_all.groupBy(BAD)
+            for row in hourly_all.groupBy(BAD)
             .agg(
                 F.sum("events").alias("events"),
                 F.min("first_ts_ms").alias("first"),
@@ -558,7 +505,6 @@ def build_activity_report(
         bad_lines = int(counts[True]["events"]) if True in counts else 0
         span = counts.get(False)
         total = int(span["events"]) if span is not None else 0
-        requests = requests_all.filter(~F.col(BAD)).drop(BAD)
         if span is None or total == 0:
             period = " in the period given" if since_ms or until_ms else ""
             raise InputError(
@@ -566,10 +512,9 @@ def build_activity_report(
                 f"({bad_lines} bad lines skipped); nothing to report"
             )
         first_ms, last_ms = int(span["first"]), int(span["last"])
-        stage(progress, f"{total:,} events read; counting PIDs per principal and hour ...")
-        hourly_clients = hourly_from_requests(requests).cache()
-        cached.append(hourly_clients)
-        hourly = hourly_clients.drop("clients")
+        stage(progress, f"{total:,} events read; ranking principals ...")
+        hourly_clients = hourly_all.filter(~F.col(BAD)).drop(BAD)
+        hourly = hourly_clients.select(*_HOURLY_COLUMNS)
         offenders = top_offenders(hourly, top_n)
         stage(progress, "telling restart storms from steady demand ...")
         rates = recommend_with_storms(hourly_clients, percentile, headroom)
@@ -587,7 +532,19 @@ def build_activity_report(
         stage(progress, f"charting new PIDs per {bucket_name} ...")
         top5 = [str(p) for p in offenders_pd["principal"].head(5)]
         series: dict[str, dict[int, int]] = {p: {} for p in top5}
-        for row in bucketed_new_pids(requests, bucket_s, top5).collect():
+        if bucket_s < 3600:
+            # Sub-hour buckets need the events again (only admitted_new of the top principals).
+            good = marked.filter(~F.col(BAD) & keep)
+            rows = bucketed_new_pids(good, bucket_s, top5).collect()
+        else:
+            bucket = (F.floor(F.col("hour").cast("long") / bucket_s) * bucket_s).cast("long")
+            rows = (
+                hourly.filter(F.col("principal").isin(top5))
+                .groupBy("principal", bucket.alias("bucket"))
+                .agg(F.sum("new_pids").alias("new_pids"))
+                .collect()
+            )
+        for row in rows:
             series[row["principal"]][int(row["bucket"])] = int(row["new_pids"])
         start_s = first_ms // 1000 // bucket_s * bucket_s
         end_s = (last_ms // 1000 // bucket_s + 1) * bucket_s
