@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--duration", type=float, default=45.0, metavar="S", help="stop after S seconds, default 45"
     )
+    demo.add_argument(
+        "--event-log",
+        metavar="DIR",
+        help="write pidgate's PID event log to DIR, for `pidgate analyze activity --events DIR`",
+    )
     _describe_from_help(parser)
     return parser
 
@@ -343,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         from pidgate.demo.scenario import run_demo
 
-        return run_demo(duration_s=args.duration)
+        return run_demo(duration_s=args.duration, event_log=args.event_log)
 
     environ = dict(os.environ)
     config_file = args.config or (

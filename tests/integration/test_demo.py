@@ -3,6 +3,7 @@ pidgate and confluent-kafka producers. Reads the demo's ``key=value`` summary.""
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import signal
@@ -144,3 +145,45 @@ def test_ctrl_c_stops_everything_within_a_bounded_time() -> None:
     assert int(summary["steady_errors"]) == 0
     assert process_gone(pid), f"tansu (pid {pid}) still running"
     assert "Traceback" not in stderr, stderr
+
+
+def test_demo_event_log_to_an_activity_report(tmp_path: Path) -> None:
+    """``pidgate demo --event-log DIR``, then the ``pidgate analyze activity`` command the
+    demo's summary prints, run as printed: the report counts the PIDs the demo admitted."""
+    events = tmp_path / "events"
+    completed = subprocess.run(
+        [*demo_command(20), "--event-log", str(events)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = completed.stdout
+    remove_demo_log(output)
+    assert completed.returncode == 0, output + completed.stderr
+    summary = parse_summary(output)
+    assert summary["event_log"] == str(events)
+    [command] = re.findall(
+        r"^\s+(pidgate analyze activity --events \S+ --output \S+)$", output, re.M
+    )
+    assert sorted(p.suffix for p in events.iterdir()) == [".jsonl"]
+
+    argv = command.split()
+    report_dir = Path(argv[argv.index("--output") + 1])
+    assert report_dir == tmp_path / "pidgate-demo-report"
+    analysis = subprocess.run(
+        [sys.executable, "-m", "pidgate", *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    assert analysis.returncode == 0, analysis.stderr[-3000:]
+    # Progress while Spark ran, then the summary and where the report is.
+    assert "reading the event log" in analysis.stderr
+    assert f"report: {report_dir / 'report.html'}" in analysis.stdout
+    admitted = int(summary["new_producer_ids_admitted"])
+    assert f"new PIDs: {admitted:,};" in analysis.stdout, analysis.stdout
+    assert "User:ANONYMOUS" in (report_dir / "report.html").read_text()
+    assert "Traceback" not in analysis.stderr

@@ -225,6 +225,20 @@ def test_one_file_named_after_instance_utc_time_and_sequence(tmp_path: Path) -> 
     assert event_file_name("x", T0_S, 7, gzip=True) == "pidgate-events-x-20231114T221320-7.jsonl.gz"
 
 
+def test_file_names_have_no_character_a_hadoop_filesystem_rejects(tmp_path: Path) -> None:
+    """The default instance is ``host:port``; Hadoop (so Spark) rejects a colon in a file
+    name, so the name carries ``_`` instead while the events keep the real instance."""
+    log = make_log(tmp_path, instance="127.0.0.1:29192")
+    log.record_init_producer_id("User:a", "c", None, 1, 0, transactional=False, ts_ms=1)
+    assert log.close(timeout_s=10)
+    [path] = tmp_path.iterdir()
+    assert path.name == "pidgate-events-127.0.0.1_29192-20231114T221320-0.jsonl"
+    assert json.loads(path.read_text())["instance"] == "127.0.0.1:29192"
+    assert event_file_name("[::1]:9092 a", T0_S, 0, gzip=False) == (
+        "pidgate-events-___1__9092_a-20231114T221320-0.jsonl"
+    )
+
+
 def test_events_without_pids_to_report_write_nothing_and_take_no_request_id(
     tmp_path: Path,
 ) -> None:

@@ -124,6 +124,7 @@ def summary_lines(
     storm: list[StormProducer],
     throttled_client_ids: frozenset[str],
     log_path: Path,
+    event_dir: Path | None = None,
 ) -> list[str]:
     """The closing summary: prose for the user, then ``key=value`` lines for scripts."""
     throttled = [p for p in storm if p.client_id in throttled_client_ids]
@@ -172,7 +173,15 @@ def summary_lines(
             f"allows at most {ceiling} in {elapsed_s:.0f} s),",
             f"      {view.produce_requests_rejected} Produce requests rejected.",
         ]
-    lines += [f"  - pidgate's log: {log_path}", "", "summary (key=value):"]
+    lines.append(f"  - pidgate's log: {log_path}")
+    if event_dir is not None:
+        lines += [
+            f"  - pidgate's PID event log: {event_dir}",
+            "      Analyse it (Spark, Java 17; about half a minute):",
+            f"      pidgate analyze activity --events {event_dir} "
+            f"--output {event_dir.parent / 'pidgate-demo-report'}",
+        ]
+    lines += ["", "summary (key=value):"]
     fields: dict[str, object] = {
         "result": result,
         "elapsed_s": f"{elapsed_s:.1f}",
@@ -195,5 +204,7 @@ def summary_lines(
         ),
         "storm_throttled_wait_max_s": f"{recovered_waits[-1]:.1f}" if recovered_waits else "-",
     }
+    if event_dir is not None:
+        fields["event_log"] = str(event_dir)
     lines += [f"  {key}={value}" for key, value in fields.items()]
     return lines

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException
@@ -26,8 +27,10 @@ from pidgate.demo.plan import PRODUCER_IDS_RATE, STEADY_TOPIC, STORM_TOPIC, WIND
 from pidgate.proxy.logs import configure_logging
 
 
-def demo_settings(broker: EmbeddedBroker) -> Settings:
-    """pidgate as a gateway to ``broker`` on free loopback ports, with the demo's quota."""
+def demo_settings(broker: EmbeddedBroker, event_log: Path | None = None) -> Settings:
+    """pidgate as a gateway to ``broker`` on free loopback ports, with the demo's quota; with
+    ``event_log``, writing its PID event log there (flushed every second, one file per run)."""
+    overrides: dict[str, Any] = {"event_log": {"directory": str(event_log)}} if event_log else {}
     return load_settings(
         cli_overrides={
             "proxy": {
@@ -43,6 +46,7 @@ def demo_settings(broker: EmbeddedBroker) -> Settings:
             },
             "logging": {"level": "info", "format": "json"},
             "admin": {"listen": f"127.0.0.1:{free_port()}"},
+            **overrides,
         }
     )
 

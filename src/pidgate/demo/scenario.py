@@ -87,12 +87,18 @@ class _Running:
             broker.cleanup()
 
 
-def run_demo(duration_s: float = 45.0) -> int:
+def run_demo(duration_s: float = 45.0, event_log: str | Path | None = None) -> int:
     """Run the demo for ``duration_s`` seconds (or until Ctrl-C / SIGTERM). 0 on a clean run,
-    128 + signal number when stopped by a signal (130 for Ctrl-C), 1 when setup failed."""
+    128 + signal number when stopped by a signal (130 for Ctrl-C), 1 when setup failed. With
+    ``event_log``, pidgate writes its PID event log into that directory, and the summary says
+    how to analyse it."""
+    event_dir = Path(event_log).expanduser().resolve() if event_log else None
+    if event_dir is not None and event_dir.exists() and not event_dir.is_dir():
+        print(f"pidgate demo: --event-log {event_log}: not a directory", file=sys.stderr)
+        return _EXIT_SETUP_FAILED
     with stop_signals(raise_stop_signal):
         try:
-            return _run(duration_s)
+            return _run(duration_s, event_dir)
         except StopSignal as signalled:  # during setup or cleanup's first steps
             print(f"pidgate demo: stopped by {signalled}", file=sys.stderr)
             return 128 + signalled.signum
@@ -100,17 +106,17 @@ def run_demo(duration_s: float = 45.0) -> int:
             return _EXIT_INTERRUPTED
 
 
-def _run(duration_s: float) -> int:
+def _run(duration_s: float, event_dir: Path | None) -> int:
     with logs_in_file() as (rdkafka_logger, log_path):
         running = _Running()
         # The proxy's observer: tells which storm producer was throttled.
         tracker = StormDecisionTracker(STORM_CLIENT_PREFIX, MAX_STORM_PRODUCERS)
         try:
-            started = _set_up(running, tracker, rdkafka_logger, log_path)
+            started = _set_up(running, tracker, rdkafka_logger, log_path, event_dir)
             if started is None:
                 return _EXIT_SETUP_FAILED
             return _produce_and_watch(
-                running, *started, tracker, rdkafka_logger, log_path, duration_s
+                running, *started, tracker, rdkafka_logger, log_path, duration_s, event_dir
             )
         finally:
             with stop_signals(signal.SIG_IGN):
@@ -122,6 +128,7 @@ def _set_up(
     tracker: StormDecisionTracker,
     rdkafka_logger: logging.Logger,
     log_path: Path,
+    event_dir: Path | None,
 ) -> tuple[EmbeddedBroker, BackgroundProxy] | None:
     """Broker, then pidgate in front of it, then the topics; None (and why, on stderr) if any
     of it failed."""
@@ -130,7 +137,9 @@ def _set_up(
         # Assigned before start(), so that an interrupted start is still cleaned up.
         running.broker = broker = EmbeddedBroker()
         broker.start()
-        running.proxy = proxy = BackgroundProxy(demo_settings(broker), observers=(tracker,))
+        running.proxy = proxy = BackgroundProxy(
+            demo_settings(broker, event_dir), observers=(tracker,)
+        )
         proxy.start()
         create_topics(proxy.bootstrap, rdkafka_logger)
     except Exception as error:
@@ -151,6 +160,7 @@ def _produce_and_watch(
     rdkafka_logger: logging.Logger,
     log_path: Path,
     duration_s: float,
+    event_dir: Path | None,
 ) -> int:
     """Header, producers, the live view until ``duration_s`` or a stop signal, then stop the
     producers and print the summary. The exit code."""
@@ -209,6 +219,7 @@ def _produce_and_watch(
                 storm=storm.snapshot(),
                 throttled_client_ids=tracker.throttled_client_ids(),
                 log_path=log_path,
+                event_dir=event_dir,
             )
         )
     return _EXIT_OK if signalled is None else 128 + signalled.signum

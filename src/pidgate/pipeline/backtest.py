@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,10 @@ from pidgate.pipeline.events import (
     hour_of,
     read_events_checked,
 )
+from pidgate.pipeline.inputs import EventFiles, InputError, event_files
+from pidgate.pipeline.progress import Progress, stage
 from pidgate.pipeline.report import Section, write_report
+from pidgate.pipeline.timebuckets import choose_bucket
 from pidgate.quota import Admitted, QuotaManager, QuotaPolicy
 
 __all__ = [
@@ -323,26 +326,62 @@ def bloom_accuracy(decisions: DataFrame) -> DataFrame:
 # -- entry point ---------------------------------------------------------------------------
 
 
+def _rate(rate: int | None) -> str:
+    return "unlimited" if rate is None else str(rate)
+
+
 def _describe_policy(policy: QuotaPolicy) -> str:
-    users = ", ".join(f"{u}={r}" for u, r in sorted(policy.user_producer_ids_rates.items()))
+    users = ", ".join(f"{u}={_rate(r)}" for u, r in sorted(policy.user_producer_ids_rates.items()))
     return (
-        f"window {policy.window_ms} ms in {policy.window_num} layers, "
+        f"window {policy.window_ms / 1000:g} s in {policy.window_num} layers, "
         f"false-positive rate {policy.false_positive_rate:g}, "
-        f"default producer_ids_rate {policy.default_producer_ids_rate}, "
+        f"default producer_ids_rate {_rate(policy.default_producer_ids_rate)}, "
         f"users: {users or 'none'}"
     )
 
 
-def _hourly_figure(rows: list[tuple[int, int, int]]) -> Figure:
-    fig = Figure(figsize=(10, 4))
+def _hourly_figure(
+    rows: list[tuple[int, int, int]], bucket_s: int, bucket_name: str, start_s: int, end_s: int
+) -> Figure:
+    """Replayed admitted new PIDs and rejected requests per bucket (zeros filled in, markers
+    on every point), x from ``start_s`` to ``end_s``."""
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
+    fig = Figure(figsize=(10, 4.2))
     ax = fig.add_subplot()
-    days = [h / 86_400 for h, _, _ in rows]
-    ax.plot(days, [a for _, a, _ in rows], label="replayed new PIDs admitted", color="#4f81bd")
-    ax.plot(days, [r for _, _, r in rows], label="replayed requests rejected", color="#c0504d")
+    end_s = max(end_s, start_s + bucket_s)
+    buckets = list(range(start_s, end_s, bucket_s))
+    by_bucket = {b: (a, r) for b, a, r in rows}
+    days = [b / 86_400 for b in buckets]
+    size = 3 if len(buckets) > 40 else 5
+    ax.plot(
+        days,
+        [by_bucket.get(b, (0, 0))[0] for b in buckets],
+        marker="o",
+        markersize=size,
+        label="replayed new PIDs admitted",
+        color="#4f81bd",
+    )
+    ax.plot(
+        days,
+        [by_bucket.get(b, (0, 0))[1] for b in buckets],
+        marker="s",
+        markersize=size,
+        label="replayed requests rejected",
+        color="#c0504d",
+    )
+    ax.set_xlim(start_s / 86_400, end_s / 86_400)
     ax.xaxis_date(UTC)
-    ax.set_title("Candidate quota, all principals, per UTC hour")
+    locator = AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(
+        ConciseDateFormatter(locator, tz=UTC)  # type: ignore[no-untyped-call]
+    )
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel(f"count per {bucket_name}")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Candidate quota, all principals, per {bucket_name}")
     ax.legend(fontsize="small")
-    fig.autofmt_xdate()
     fig.tight_layout()
     return fig
 
@@ -364,42 +403,83 @@ def _per_principal(hourly: DataFrame) -> DataFrame:
 
 def run_backtest(
     spark: SparkSession,
-    events_path: str,
+    events_path: str | EventFiles,
     quota_config: str,
     output: str,
     *,
     per_instance: bool = False,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    progress: Progress | None = None,
 ) -> Path:
-    """Replay the log at ``events_path`` under the quota of ``quota_config``; write
-    ``decisions``, ``hourly`` and ``bloom`` Parquet and ``report.html`` under ``output``."""
+    """Replay the log at ``events_path`` (a path, or files from
+    :func:`pidgate.pipeline.inputs.event_files`) under the quota of ``quota_config``; write
+    ``decisions``, ``hourly`` and ``bloom`` Parquet and ``report.html`` under ``output``.
+    Raises :class:`InputError` when there is no Produce event to replay."""
     policy = load_policy(quota_config)
-    events, bad_lines = read_events_checked(spark, events_path)
+    files = event_files(events_path) if isinstance(events_path, str) else events_path
+    stage(progress, f"reading the event log {files.described} ...")
+    events, bad_lines = read_events_checked(spark, files.paths)
+    if since_ms is not None:
+        events = events.filter(F.col("ts_ms") >= F.lit(since_ms))
+    if until_ms is not None:
+        events = events.filter(F.col("ts_ms") < F.lit(until_ms))
+    stage(progress, "replaying the log through the candidate quota, per principal ...")
     decisions = replay_requests(events, policy, per_instance).cache()
     try:
+        span = decisions.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min("ts_ms").alias("first"),
+            F.max("ts_ms").alias("last"),
+        ).collect()[0]
+        if not span["n"]:
+            period = " in the period given" if since_ms or until_ms else ""
+            raise InputError(
+                f"--events {files.described}: no Produce events{period} to replay "
+                f"({bad_lines} bad lines skipped); nothing to report"
+            )
+        first_ms, last_ms = int(span["first"]), int(span["last"])
+        bucket_s, bucket_name = choose_bucket(first_ms, last_ms)
+        stage(progress, "summarising per principal and hour ...")
         hourly = backtest_hourly(decisions).cache()
         bloom = bloom_accuracy(decisions)
         principals_pd: pd.DataFrame = _per_principal(hourly).toPandas()
         bloom_pd: pd.DataFrame = bloom.toPandas()
+        bucket = (F.floor(F.col("ts_ms") / (1000 * bucket_s)) * bucket_s).cast("long")
         series = [
-            (int(r["hour_s"]), int(r["new"] or 0), int(r["rej"] or 0))
-            for r in hourly.groupBy(F.col("hour").cast("long").alias("hour_s"))
+            (int(r["bucket"]), int(r["new"] or 0), int(r["rej"] or 0))
+            for r in decisions.groupBy(bucket.alias("bucket"))
             .agg(
                 F.sum("replayed_new_pids").alias("new"),
-                F.sum("replayed_rejected_requests").alias("rej"),
+                F.count(F.when(F.col("replayed") == REJECTED_DECISION, True)).alias("rej"),
             )
-            .orderBy("hour_s")
             .collect()
         ]
+        start_s = first_ms // 1000 // bucket_s * bucket_s
+        end_s = (last_ms // 1000 // bucket_s + 1) * bucket_s
         requests = int(principals_pd["requests"].sum()) if len(principals_pd) else 0
         agreeing = int(principals_pd["agreeing_requests"].sum()) if len(principals_pd) else 0
         lookups = int(bloom_pd["never_seen_lookups"].sum()) if len(bloom_pd) else 0
         fps = int(bloom_pd["bloom_false_positives"].sum()) if len(bloom_pd) else 0
+        recorded_rej = (
+            int(principals_pd["recorded_rejected_requests"].sum()) if len(principals_pd) else 0
+        )
+        replayed_rej = (
+            int(principals_pd["replayed_rejected_requests"].sum()) if len(principals_pd) else 0
+        )
+        source = (
+            f"{files.file_count} file(s) under {files.described}"
+            if files.file_count is not None
+            else files.described
+        )
         summary = (
-            f"Event log: {events_path} ({bad_lines} bad lines skipped)\n"
+            f"Event log: {source} ({bad_lines} bad lines skipped)\n"
+            f"Period: {_utc(first_ms)} .. {_utc(last_ms)}\n"
             f"Candidate quota config: {quota_config}\n"
             f"Candidate policy: {_describe_policy(policy)}\n"
             f"Replay grouped per {'principal and instance' if per_instance else 'principal'}.\n"
             f"Produce requests replayed: {requests}\n"
+            f"Rejected requests: {recorded_rej} recorded, {replayed_rej} under the candidate\n"
             f"Requests decided as recorded (admitted vs rejected): {agreeing}"
             + (f" ({100.0 * agreeing / requests:.2f}%)" if requests else "")
             + "\n(100% is expected when the candidate is the config the proxy ran with.)\n"
@@ -412,9 +492,10 @@ def run_backtest(
             Section("Limitations", LIMITATIONS),
             Section(
                 "Per principal: recorded vs candidate",
-                "recorded_* is what the proxy did; replayed_* what the candidate quota does.",
+                "recorded_* is what the proxy did; replayed_* what the candidate quota does. "
+                "Ordered by requests the candidate rejects.",
                 principals_pd,
-                _hourly_figure(series),
+                _hourly_figure(series, bucket_s, bucket_name, start_s, end_s),
             ),
             Section(
                 "Bloom filter false positives vs exact sets",
@@ -423,11 +504,28 @@ def run_backtest(
                 bloom_pd,
             ),
         ]
-        return write_report(
+        stage(progress, f"writing Parquet and report.html to {output} ...")
+        path = write_report(
             output,
             "pidgate backtest report",
             sections,
             {"decisions": decisions, "hourly": hourly, "bloom": bloom},
         )
+        if progress is not None:
+            progress.summarize(
+                f"{requests:,} Produce requests replayed, {_utc(first_ms)} .. {_utc(last_ms)}",
+                f"rejected requests: {recorded_rej:,} recorded, {replayed_rej:,} under the "
+                f"candidate; {agreeing:,} decided as recorded",
+                *(
+                    f"  most rejected: {r.principal}: {int(r.replayed_rejected_requests):,}"
+                    for r in principals_pd.head(3).itertuples(index=False)
+                    if int(r.replayed_rejected_requests) > 0
+                ),
+            )
+        return path
     finally:
         decisions.unpersist()
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -2,20 +2,28 @@
 
 ``pidgate.cli`` wires this in with :func:`add_analyze_parser` and :func:`run_analyze`:
 
-* ``activity --events PATH [--output DIR] [--master URL]``
-* ``backtest --events PATH --quota-config FILE [--per-instance] [--output DIR] [--master URL]``
+* ``activity --events PATH [--since WHEN] [--until WHEN] [--output DIR] [--master URL]``
+* ``backtest --events PATH --quota-config FILE [--per-instance] [--since WHEN] [--until WHEN]
+  [--output DIR] [--master URL]``
 * ``footprint --log-dirs PATH... [--expiration-ms N] [--output DIR] [--master URL]``
 * ``snapshots --log-dir PATH [--expiration-ms N] [--dry-run] [--master URL]``
 
 Paths may be local or any Hadoop filesystem URI; ``--output`` defaults to
 ``./pidgate-reports/<job>/``. ``--master`` defaults to ``local[*]`` (or the master spark-submit
 chose). Job modules are imported only when their job runs.
+
+Inputs are checked before Spark starts (:mod:`pidgate.pipeline.inputs`): a missing path, a bad
+quota config or an empty period is one line on stderr and exit code 2. While Spark runs, stage
+lines and task progress go to stderr (:mod:`pidgate.pipeline.progress`); at the end a short
+summary and the report's path go to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["DEFAULT_EXPIRATION_MS", "add_analyze_parser", "run_analyze"]
@@ -47,6 +55,16 @@ def _expiration(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _period(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only events at or after WHEN (UTC date or time, e.g. 2026-11-23 or "
+        "2026-11-23T14:00Z)",
+    )
+    parser.add_argument("--until", metavar="WHEN", help="only events before WHEN (UTC)")
+
+
 def add_analyze_parser(subparsers: Any) -> None:
     """Add ``analyze`` and its jobs to the ``pidgate`` subcommands (an argparse
     ``_SubParsersAction``)."""
@@ -65,6 +83,7 @@ def add_analyze_parser(subparsers: Any) -> None:
     activity.add_argument(
         "--events", required=True, metavar="PATH", help="event log file, directory or glob"
     )
+    _period(activity)
     _common(activity)
 
     backtest = jobs.add_parser(
@@ -85,6 +104,7 @@ def add_analyze_parser(subparsers: Any) -> None:
         help="one quota manager per principal and pidgate instance (separate proxies), "
         "instead of one per principal",
     )
+    _period(backtest)
     _common(backtest)
 
     footprint = jobs.add_parser(
@@ -110,52 +130,175 @@ def _output(args: argparse.Namespace) -> str:
     return output or f"./pidgate-reports/{args.job}/"
 
 
+def _check_output(output: str) -> None:
+    from pidgate.pipeline.inputs import InputError, is_local_path
+
+    if is_local_path(output):
+        target = Path(output.removeprefix("file://").removeprefix("file:")).expanduser()
+        if target.exists() and not target.is_dir():
+            raise InputError(f"--output {output}: exists and is not a directory")
+        parent = next((p for p in [target, *target.parents] if p.exists()), None)
+        if parent is not None and not os.access(parent, os.W_OK):
+            raise InputError(f"--output {output}: {parent} is not writable")
+
+
+def _check_expiration(expiration_ms: int) -> None:
+    from pidgate.pipeline.inputs import InputError
+
+    if expiration_ms <= 0:
+        raise InputError(f"--expiration-ms {expiration_ms}: must be a positive number of ms")
+
+
+def _prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything checkable without Spark, checked: raises InputError (one line)."""
+    from pidgate.pipeline.inputs import InputError, check_local_dirs, check_period, event_files
+
+    job: str = args.job
+    prepared: dict[str, Any] = {}
+    if job in ("activity", "backtest"):
+        prepared["period"] = check_period(args.since, args.until)
+        if job == "backtest":
+            from pidgate.config import ConfigError
+            from pidgate.pipeline.backtest import load_policy
+
+            config = Path(args.quota_config)
+            if not config.is_file():
+                raise InputError(f"--quota-config {config}: no such file")
+            try:
+                prepared["policy"] = load_policy(config)
+            except (ConfigError, OSError, ValueError) as error:
+                reason = " ".join(str(error).split())
+                raise InputError(f"--quota-config {config}: {reason}") from None
+        _check_output(_output(args))
+        prepared["events"] = event_files(args.events)
+    elif job == "footprint":
+        check_local_dirs(list(args.log_dirs), "--log-dirs")
+        _check_expiration(args.expiration_ms)
+        _check_output(_output(args))
+    elif job == "snapshots":
+        check_local_dirs([args.log_dir], "--log-dir")
+        _check_expiration(args.expiration_ms)
+    return prepared
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line[:300]
+    return type(error).__name__
+
+
 def run_analyze(args: argparse.Namespace) -> int:
-    """Run the job ``args.job`` with the parsed arguments; the process exit code."""
+    """Run the job ``args.job`` with the parsed arguments; the process exit code: 0 done,
+    2 bad input (one line on stderr, found before Spark starts where possible), 1 the job
+    failed (its reason in one line; ``PIDGATE_DEBUG=1`` shows the traceback)."""
+    from pidgate.pipeline.inputs import InputError
+
+    job: str = args.job
+    prog = f"pidgate analyze {job}"
+    try:
+        prepared = _prepare(args)
+    except InputError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+
+    from pidgate.pipeline.progress import Progress
+
+    progress = Progress()
+    events = prepared.get("events")
+    try:
+        return _run_job(args, prepared, progress)
+    except InputError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if os.environ.get("PIDGATE_DEBUG"):
+            raise
+        print(
+            f"{prog}: failed: {type(error).__name__}: {_first_line(error)} "
+            "(PIDGATE_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        progress.close()
+        if events is not None:
+            events.cleanup()
+
+
+def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) -> int:
     from pyspark.sql import SparkSession
 
+    from pidgate.pipeline.inputs import check_remote_exists
     from pidgate.pipeline.spark import spark_session, stop_session
 
     job: str = args.job
     # A session that already exists (a notebook, a test) is used and left running.
     owned = SparkSession.getActiveSession() is None
+    if owned:
+        progress.stage(f"pidgate analyze {job}: starting Spark ({args.master or 'local[*]'}) ...")
     spark = spark_session(args.master, app_name=f"pidgate-{job}")
+    progress.watch(spark)
     try:
         if job == "activity":
             from pidgate.pipeline.activity import run_activity
 
-            report = run_activity(spark, args.events, _output(args))
+            check_remote_exists(spark, args.events, "--events")
+            since_ms, until_ms = prepared["period"]
+            report = run_activity(
+                spark,
+                prepared["events"],
+                _output(args),
+                since_ms=since_ms,
+                until_ms=until_ms,
+                progress=progress,
+            )
         elif job == "backtest":
-            from pidgate.config import ConfigError
             from pidgate.pipeline.backtest import run_backtest
 
-            try:
-                report = run_backtest(
-                    spark,
-                    args.events,
-                    args.quota_config,
-                    _output(args),
-                    per_instance=args.per_instance,
-                )
-            except ConfigError as error:
-                print(f"pidgate analyze backtest: {error}", file=sys.stderr)
-                return 2
+            check_remote_exists(spark, args.events, "--events")
+            since_ms, until_ms = prepared["period"]
+            report = run_backtest(
+                spark,
+                prepared["events"],
+                args.quota_config,
+                _output(args),
+                per_instance=args.per_instance,
+                since_ms=since_ms,
+                until_ms=until_ms,
+                progress=progress,
+            )
         elif job == "footprint":
             from pidgate.pipeline.footprint import run_footprint
 
+            for path in args.log_dirs:
+                check_remote_exists(spark, path, "--log-dirs")
+            progress.stage(f"reading segments under {' '.join(args.log_dirs)} ...")
             report = run_footprint(spark, list(args.log_dirs), args.expiration_ms, _output(args))
         elif job == "snapshots":
             from pidgate.pipeline.snapshots import run_snapshots
 
+            check_remote_exists(spark, args.log_dir, "--log-dir")
+            progress.stage(f"replaying segments under {args.log_dir} ...")
             count = run_snapshots(spark, args.log_dir, args.expiration_ms, args.dry_run)
             verb = "would write" if args.dry_run else "wrote"
+            progress.stage("done")
             print(f"{verb} {count} producer snapshot(s) under {args.log_dir}")
             return 0
         else:  # argparse only lets the jobs above through
             print(f"pidgate analyze: unknown job {job!r}", file=sys.stderr)
             return 2
+        progress.stage("done")
+        for line in progress.summary:
+            print(line)
         print(f"report: {report}")
         return 0
     finally:
+        progress.close()
         if owned:
             stop_session()

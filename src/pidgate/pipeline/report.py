@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import re
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 __all__ = ["Section", "is_local_uri", "join_uri", "render_html", "write_report"]
 
 REPORT_FILE = "report.html"
+_HEADER = re.compile(r"<th>[^<]*</th>")
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
@@ -44,7 +46,10 @@ p.text { white-space: pre-wrap; }
 table.dataframe { border-collapse: collapse; font-size: .9em; margin: 1em 0; }
 table.dataframe th, table.dataframe td { border: 1px solid #ccc; padding: .25em .6em;
        text-align: right; }
-table.dataframe th { background: #f0f0f0; }
+table.dataframe th { background: #f0f0f0; max-width: 9em; }
+table.dataframe td { white-space: nowrap; }
+table.dataframe td:first-child { text-align: left; }
+div.table { overflow-x: auto; }
 img.figure { max-width: 100%; display: block; margin: 1em 0; }
 footer { margin-top: 3em; font-size: .8em; color: #777; }
 """
@@ -104,7 +109,10 @@ def render_html(title: str, sections: Sequence[Section], outputs: Sequence[str] 
             if section.table.empty:
                 parts.append("<p><em>(no rows)</em></p>")
             else:
-                parts.append(section.table.to_html(index=False, escape=True, border=0))
+                table = section.table.to_html(index=False, escape=True, border=0, na_rep="-")
+                # Long snake_case headers may break after an underscore, not only at spaces.
+                table = _HEADER.sub(lambda m: m[0].replace("_", "_<wbr>"), table)
+                parts.append(f'<div class="table">{table}</div>')
         if section.figure is not None:
             alt = esc(section.title, quote=True)
             parts.append(

@@ -37,7 +37,10 @@ logged whole or not at all, so the backtest never sees half a request. Memory is
 ``max_queued_events`` lines plus one writer chunk (``_CHUNK_EVENTS``).
 
 A daemon thread drains the queue into ``directory``:
-``pidgate-events-<instance>-<UTC yyyymmddTHHMMSS>-<seq>.jsonl`` (``.jsonl.gz`` with gzip), the
+``pidgate-events-<instance>-<UTC yyyymmddTHHMMSS>-<seq>.jsonl`` (``.jsonl.gz`` with gzip), with
+every character of the instance outside ``[A-Za-z0-9._-]`` written as ``_`` (the default
+instance ``127.0.0.1:29192`` becomes ``127.0.0.1_29192``: Hadoop filesystems, and so Spark,
+reject a colon in a file name; the ``instance`` field inside the events is unchanged), the
 time being when the file was opened and ``seq`` counting files opened by this EventLog (the next
 free one is taken if a name exists; files are never overwritten). A file is closed and the next
 one started when it would exceed ``rotate_bytes`` (uncompressed JSON Lines bytes; a single line
@@ -55,6 +58,7 @@ import contextlib
 import gzip as gzip_module
 import json
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -117,10 +121,16 @@ _CHUNK_EVENTS = 1024
 _dumps = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
 
 
+_UNSAFE_IN_FILE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
 def event_file_name(instance: str, opened_at_s: float, seq: int, gzip: bool) -> str:
-    """``pidgate-events-<instance>-<UTC yyyymmddTHHMMSS>-<seq>.jsonl[.gz]``."""
+    """``pidgate-events-<instance>-<UTC yyyymmddTHHMMSS>-<seq>.jsonl[.gz]``, the instance with
+    every character outside ``[A-Za-z0-9._-]`` (``:`` of ``host:port``) replaced by ``_``, so
+    that every Hadoop filesystem (local, HDFS, S3A) accepts the name."""
     stamp = datetime.fromtimestamp(opened_at_s, UTC).strftime("%Y%m%dT%H%M%S")
-    return f"pidgate-events-{instance}-{stamp}-{seq}.jsonl" + (".gz" if gzip else "")
+    safe = _UNSAFE_IN_FILE_NAME.sub("_", instance)
+    return f"pidgate-events-{safe}-{stamp}-{seq}.jsonl" + (".gz" if gzip else "")
 
 
 @dataclass(frozen=True, slots=True)
