@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--event-log",
         metavar="DIR",
-        help="write pidgate's PID event log to DIR, for `pidgate analyze activity --events DIR`",
+        help="write pidgate's PID event log to DIR, for `pidgate analyze activity --events DIR`; "
+        "default: none",
     )
     _describe_from_help(parser)
     return parser

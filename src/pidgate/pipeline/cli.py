@@ -60,9 +60,11 @@ def _period(parser: argparse.ArgumentParser) -> None:
         "--since",
         metavar="WHEN",
         help="only events at or after WHEN (UTC date or time, e.g. 2026-11-23 or "
-        "2026-11-23T14:00Z)",
+        "2026-11-23T14:00Z); default: from the first event",
     )
-    parser.add_argument("--until", metavar="WHEN", help="only events before WHEN (UTC)")
+    parser.add_argument(
+        "--until", metavar="WHEN", help="only events before WHEN (UTC); default: to the last event"
+    )
 
 
 def add_analyze_parser(subparsers: Any) -> None:
