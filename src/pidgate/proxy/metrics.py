@@ -234,14 +234,14 @@ class ProxyMetrics:
         self._frontier_probed_ms: int | None = None
         self._frontier_probes = {"ok": 0, "failed": 0}
 
-        # -- KIP-91: (user label key, PID) -> [first rejection ms, thresholds reported], oldest
-        # first --
-        self._waiting: OrderedDict[tuple[str, int], list[int]] = OrderedDict()
+        # -- KIP-91: (user label key, PID) -> (first rejection ms * 4 + thresholds reported,
+        # the client connection it was last rejected on), oldest first. One small tuple per
+        # wait (up to max_waiting_pids of them): a PID storm fills this table. --
+        self._waiting: OrderedDict[tuple[str, int], tuple[int, str]] = OrderedDict()
         self._waits_dropped = 0
-        #: Client connection (peer) -> the waits last rejected on it, and wait -> that peer:
-        #: a wait ends with its client's connection (a producer that went away is not waiting).
-        self._waits_by_peer: dict[str, set[tuple[str, int]]] = {}
-        self._wait_peer: dict[tuple[str, int], str] = {}
+        #: Waits per client connection: a wait ends with its client's connection (a producer
+        #: that went away is not waiting), found by one scan when such a connection closes.
+        self._waits_per_peer: dict[str, int] = {}
 
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_Collector(self))
@@ -266,17 +266,20 @@ class ProxyMetrics:
     def connection_closed(self, peer: str | None = None) -> None:
         """``peer``: the client connection's address; the PIDs waiting on it stop waiting."""
         self._connections_closed += 1
-        if peer is not None and self._waits_by_peer:
-            keys = self._waits_by_peer.pop(peer, None)
-            if keys:
-                self._forget_waits(keys, peer)
+        if peer is not None and self._waits_per_peer.pop(peer, 0):
+            waiting = self._waiting
+            for key in [key for key, (_, on) in waiting.items() if on == peer]:
+                del waiting[key]
 
-    def _forget_waits(self, keys: set[tuple[str, int]], peer: str) -> None:
-        waiting, wait_peer = self._waiting, self._wait_peer
-        for key in keys:
-            if wait_peer.get(key) == peer:  # not retried on another connection since
-                del wait_peer[key]
-                waiting.pop(key, None)
+    def _drop_wait(self, wait: tuple[int, str] | None) -> None:
+        if wait is None:
+            return
+        peer = wait[1]
+        left = self._waits_per_peer.get(peer, 0) - 1
+        if left > 0:
+            self._waits_per_peer[peer] = left
+        else:
+            self._waits_per_peer.pop(peer, None)
 
     def request(self, api_key: int, size_bytes: int) -> None:
         slot = api_key if 0 <= api_key < _API_SLOTS else _OTHER_API
@@ -347,46 +350,47 @@ class ProxyMetrics:
             self._producer_ids_refreshed += decision.refreshed_count
             if waiting:
                 for pid in new_ids:
-                    if waiting.pop((key, pid), None) is not None:
-                        self._wait_peer.pop((key, pid), None)
+                    self._drop_wait(waiting.pop((key, pid), None))
         else:
             user.produce_requests_rejected += 1
             user.producer_ids_rejected += len(decision.unknown_producer_ids)
             user.throttle_time_ms = decision.throttle_time_ms
             self._forget_old_waits(now)
             peer = context.peer
-            on_peer = self._waits_by_peer.get(peer)
-            if on_peer is None:
-                on_peer = self._waits_by_peer[peer] = set()
+            per_peer = self._waits_per_peer
             for pid in decision.unknown_producer_ids:
                 wait_key = (key, pid)
-                self._wait_peer[wait_key] = peer
-                on_peer.add(wait_key)
                 wait = waiting.get(wait_key)
                 if wait is not None:  # a retry: the wait started at the first rejection
+                    packed = wait[0]
                     if self._on_long_wait is not None:
-                        self._report_long_wait(context.principal, pid, wait, now)
+                        packed = self._report_long_wait(context.principal, pid, packed, now)
+                    if packed != wait[0] or wait[1] != peer:  # reported, or a new connection
+                        self._drop_wait(wait)
+                        waiting[wait_key] = (packed, peer)
+                        per_peer[peer] = per_peer.get(peer, 0) + 1
                     continue
                 user.producer_ids_throttled += 1
                 if len(waiting) >= self._max_waiting_pids:
-                    dropped, _ = waiting.popitem(last=False)
-                    self._wait_peer.pop(dropped, None)
+                    self._drop_wait(waiting.popitem(last=False)[1])
                     self._waits_dropped += 1
-                waiting[wait_key] = [now, 0]
-            if len(on_peer) > 2 * self._max_waiting_pids:  # one connection, endless new PIDs
-                on_peer.intersection_update(waiting)
+                waiting[wait_key] = (now * 4, peer)
+                per_peer[peer] = per_peer.get(peer, 0) + 1
 
-    def _report_long_wait(self, principal: str, pid: int, wait: list[int], now: int) -> None:
+    def _report_long_wait(self, principal: str, pid: int, packed: int, now: int) -> int:
         """KIP-91: say so once when a PID has waited half of delivery.timeout.ms (the operator
-        can still raise the quota before records fail) and once when it has waited all of it."""
-        waited_ms = now - wait[0]
+        can still raise the quota before records fail) and once when it has waited all of it.
+        ``packed`` is first rejection ms * 4 + thresholds reported; returns it updated."""
+        first_ms, reported = divmod(packed, 4)
+        waited_ms = now - first_ms
         for level, threshold_ms in enumerate(
             (self._delivery_timeout_ms // 2, self._delivery_timeout_ms), start=1
         ):
-            if wait[1] < level and waited_ms >= threshold_ms:
-                wait[1] = level
+            if reported < level and waited_ms >= threshold_ms:
+                reported = level
                 assert self._on_long_wait is not None
                 self._on_long_wait(principal, pid, waited_ms, threshold_ms)
+        return first_ms * 4 + reported
 
     def _user(self, key: str, now: int) -> _User:
         users = self._users
@@ -419,11 +423,10 @@ class ProxyMetrics:
         waiting = self._waiting
         horizon = now - self._wait_forget_ms
         while waiting:
-            first_ms = next(iter(waiting.values()))[0]
+            first_ms = next(iter(waiting.values()))[0] // 4
             if first_ms > horizon:
                 break
-            key, _ = waiting.popitem(last=False)
-            self._wait_peer.pop(key, None)
+            self._drop_wait(waiting.popitem(last=False)[1])
 
     # -- scrape --------------------------------------------------------------------------------
 
@@ -642,7 +645,8 @@ class ProxyMetrics:
         over_half: dict[str, int] = {}
         late = now - self._delivery_timeout_ms
         half_late = now - self._delivery_timeout_ms // 2
-        for (key, _pid), (first_ms, _) in self._waiting.items():  # oldest first
+        for (key, _pid), (packed, _) in self._waiting.items():  # oldest first
+            first_ms = packed // 4
             label = key if key in users else OTHER_USER
             if label not in oldest:
                 oldest[label] = first_ms
