@@ -84,9 +84,10 @@ def test_sasl_through_a_pidgate_without_identity_sasl_is_warned_once(
 def test_a_broker_listener_that_cannot_bind_makes_readyz_not_ready(
     broker: EmbeddedBroker, processes: list[PidgateProcess]
 ) -> None:
-    base = free_port()
+    blocked = free_port()  # free a moment ago; base + node id is that port
+    base = blocked - TANSU_NODE_ID
     blocker = socket.socket()
-    blocker.bind(("127.0.0.1", base + TANSU_NODE_ID))
+    blocker.bind(("127.0.0.1", blocked))
     blocker.listen()
     process = PidgateProcess(
         broker.bootstrap,
