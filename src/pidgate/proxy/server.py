@@ -26,10 +26,11 @@ from pidgate.proxy.admission import (
     monotonic_ms,
     quota_clock_ms,
 )
-from pidgate.proxy.connection import ClientConnection, ConnectionLimits
+from pidgate.proxy.connection import ClientConnection
 from pidgate.proxy.context import ProxyContext
 from pidgate.proxy.event_log import EventLog
 from pidgate.proxy.fleet import FleetCollector, FleetError, FleetOutbox, FleetRecord, FleetSync
+from pidgate.proxy.flow_control import ConnectionLimits
 from pidgate.proxy.http import AdminHttpServer
 from pidgate.proxy.identity import IdentityPolicy
 from pidgate.proxy.logs import RateLimitedLog, get_logger
