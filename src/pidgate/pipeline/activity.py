@@ -36,7 +36,7 @@ from pidgate.pipeline.events import (
 )
 from pidgate.pipeline.inputs import EventFiles, InputError, event_files
 from pidgate.pipeline.progress import Progress, stage
-from pidgate.pipeline.report import Section, write_report
+from pidgate.pipeline.report import Section, time_axis, write_report
 from pidgate.pipeline.timebuckets import choose_bucket
 
 __all__ = [
@@ -358,9 +358,6 @@ def timeline_figure(
 ) -> Figure:
     """New PIDs per bucket for each principal of ``series`` (bucket start s -> count), zeros
     filled in, markers on every point, x from ``start_s`` to ``end_s`` (UTC)."""
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
-    from matplotlib.ticker import MaxNLocator
-
     fig = Figure(figsize=(10, 4.2))
     ax = fig.add_subplot()
     buckets = list(range(start_s, max(end_s, start_s + bucket_s), bucket_s))
@@ -374,17 +371,7 @@ def timeline_figure(
             linewidth=1.2,
             label=_fit_labels([principal])[0],
         )
-    ax.set_xlim(start_s / _DAY_S, max(end_s, start_s + bucket_s) / _DAY_S)
-    ax.xaxis_date(UTC)
-    locator = AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(
-        ConciseDateFormatter(locator, tz=UTC)  # type: ignore[no-untyped-call]
-    )
-    ax.set_xlabel("time (UTC)")
-    ax.set_ylabel(f"new producer IDs per {bucket_name}")
-    ax.set_ylim(bottom=0)
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    time_axis(ax, start_s, max(end_s, start_s + bucket_s), f"new producer IDs per {bucket_name}")
     ax.set_title(f"New producer IDs per {bucket_name}, top principals")
     if series:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))

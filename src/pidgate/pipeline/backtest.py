@@ -66,7 +66,7 @@ from pidgate.pipeline.events import (
 )
 from pidgate.pipeline.inputs import EventFiles, InputError, event_files
 from pidgate.pipeline.progress import Progress, stage
-from pidgate.pipeline.report import Section, write_report
+from pidgate.pipeline.report import Section, time_axis, write_report
 from pidgate.pipeline.timebuckets import choose_bucket
 from pidgate.quota import Admitted, QuotaManager, QuotaPolicy
 
@@ -345,8 +345,6 @@ def _hourly_figure(
 ) -> Figure:
     """Replayed admitted new PIDs and rejected requests per bucket (zeros filled in, markers
     on every point), x from ``start_s`` to ``end_s``."""
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
-
     fig = Figure(figsize=(10, 4.2))
     ax = fig.add_subplot()
     end_s = max(end_s, start_s + bucket_s)
@@ -370,16 +368,7 @@ def _hourly_figure(
         label="replayed requests rejected",
         color="#c0504d",
     )
-    ax.set_xlim(start_s / 86_400, end_s / 86_400)
-    ax.xaxis_date(UTC)
-    locator = AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(
-        ConciseDateFormatter(locator, tz=UTC)  # type: ignore[no-untyped-call]
-    )
-    ax.set_xlabel("time (UTC)")
-    ax.set_ylabel(f"count per {bucket_name}")
-    ax.set_ylim(bottom=0)
+    time_axis(ax, start_s, end_s, f"count per {bucket_name}")
     ax.set_title(f"Candidate quota, all principals, per {bucket_name}")
     ax.legend(fontsize="small")
     fig.tight_layout()

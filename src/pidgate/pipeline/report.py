@@ -65,6 +65,25 @@ class Section:
     figure: Figure | None = None
 
 
+def time_axis(ax: Any, start_s: int, end_s: int, ylabel: str) -> None:
+    """An x axis from ``start_s`` to ``end_s`` (epoch seconds, UTC) with concise date ticks, a
+    labelled y axis of whole counts from 0: what every time-series chart of the reports uses."""
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlim(start_s / 86_400, end_s / 86_400)
+    ax.xaxis_date(UTC)
+    locator = AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(
+        ConciseDateFormatter(locator, tz=UTC)  # type: ignore[no-untyped-call]
+    )
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def is_local_uri(uri: str) -> bool:
     """True for plain paths and ``file:`` URIs (written with Python's own file API)."""
     scheme = urlparse(uri).scheme
