@@ -206,7 +206,7 @@ def read_values(
             ends[p] = max(high, (acked_ends or {}).get(p, 0))
         consumer.assign(
             [
-                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                confluent_kafka.TopicPartition(topic, p, 0)
                 for p in range(partitions)
             ]
         )
