@@ -204,12 +204,7 @@ def read_values(
                 confluent_kafka.TopicPartition(topic, p), timeout=10
             )
             ends[p] = max(high, (acked_ends or {}).get(p, 0))
-        consumer.assign(
-            [
-                confluent_kafka.TopicPartition(topic, p, 0)
-                for p in range(partitions)
-            ]
-        )
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
         values: Counter[str] = Counter()
         next_offset = dict.fromkeys(range(partitions), 0)
         deadline = time.monotonic() + timeout_s

@@ -337,12 +337,7 @@ def read_back(bootstrap: str, topic: str, acked_ends: dict[int, int]) -> dict[in
         }
     )
     try:
-        consumer.assign(
-            [
-                confluent_kafka.TopicPartition(topic, p, 0)
-                for p in range(PARTITIONS)
-            ]
-        )
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
         values: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
         next_offset = dict.fromkeys(range(PARTITIONS), 0)
         deadline = time.monotonic() + CONSUME_DEADLINE_S
