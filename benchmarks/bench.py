@@ -105,7 +105,12 @@ class Pidgate:
     """``pidgate serve`` in its own process (its own GIL, like tansu proxy is its own process)."""
 
     def __init__(
-        self, upstream: str, log_dir: Path, src: str | None = None, name: str = "pidgate"
+        self,
+        upstream: str,
+        log_dir: Path,
+        src: str | None = None,
+        name: str = "pidgate",
+        rate: int = 1000,
     ) -> None:
         self.port = free_port()
         self.broker_port = free_port()
@@ -126,7 +131,7 @@ class Pidgate:
             "--broker-port-base",
             str(self.broker_port - TANSU_NODE_ID),
             "--default-producer-ids-rate",
-            "1000",
+            str(rate),
             "--http",
             f"127.0.0.1:{self.http_port}",
             "--log-level",

@@ -22,6 +22,7 @@ from pidgate.protocol.produce import (
     encode_produce_rejection,
     iter_batch_headers,
     parse_produce_request,
+    produce_acks_and_producer_ids,
 )
 
 from .kafka_builders import (
@@ -107,11 +108,84 @@ def test_truncated_or_corrupted_only_raises_protocol_errors(
             parse_produce_request(bytes(mutated), version)
 
 
+def _batch_order_pids(summary: ProduceRequestSummary) -> tuple[int, ...]:
+    return tuple(b.producer_id for _t, _p, b in summary.iter_batches() if b.producer_id != -1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.sampled_from(VERSIONS),
+    transactional_id=st.one_of(st.none(), st.text(max_size=200)),
+    acks=st.sampled_from([-1, 0, 1]),
+    topics=topics_st,
+)
+def test_the_lean_walk_reads_the_same_acks_and_pids_as_the_full_walk(
+    version: int,
+    transactional_id: str | None,
+    acks: int,
+    topics: list[tuple[str, bytes, list[tuple[int, bytes | None]]]],
+) -> None:
+    body = produce_request_body(version, transactional_id, acks, 1000, topics)
+    summary = parse_produce_request(body, version)
+    assert produce_acks_and_producer_ids(body, version) == (acks, _batch_order_pids(summary))
+    assert produce_acks_and_producer_ids(memoryview(b"HEAD" + body)[4:], version) == (
+        acks,
+        _batch_order_pids(summary),
+    )
+
+
+def test_the_lean_walk_reads_long_names_and_ids() -> None:
+    # Names and transactional ids past one varint byte (>= 127 bytes) and a PID in every batch.
+    name = "t" * 300
+    records = build_records(
+        [BatchSpec(2, 0, pid, 0, 0, False, 1) for pid in (7, -1)]
+        + [BatchSpec(1, 0, -1, 0, 0, False, 1)]
+    )
+    for version in VERSIONS:
+        body = produce_request_body(
+            version, "x" * 200, 1, 1000, [(name, b"i" * 16, [(3, records)])]
+        )
+        assert produce_acks_and_producer_ids(body, version) == (1, (7,))
+
+
+@settings(max_examples=300, deadline=None)
+@given(version=st.sampled_from(VERSIONS), topics=topics_st, data=st.data())
+def test_the_lean_walk_is_never_looser_about_structure_than_the_full_walk(
+    version: int,
+    topics: list[tuple[str, bytes, list[tuple[int, bytes | None]]]],
+    data: st.DataObject,
+) -> None:
+    """Every strict prefix raises in both; a corrupted body the full walk reads gives the same
+    PIDs in both. The lean walk may accept a body the full walk refuses only for a topic name
+    or transactional id that is not UTF-8 (it does not decode them; the broker does)."""
+    body = produce_request_body(version, None, -1, 1000, topics)
+    cut = data.draw(st.integers(0, max(len(body) - 1, 0)))
+    with pytest.raises(MalformedMessageError):
+        produce_acks_and_producer_ids(body[:cut], version)
+    if not body:
+        return
+    mutated = bytearray(body)
+    mutated[data.draw(st.integers(0, len(body) - 1))] ^= data.draw(st.integers(1, 255))
+    try:
+        full = parse_produce_request(bytes(mutated), version)
+    except ProtocolError as error:
+        with contextlib.suppress(ProtocolError):
+            produce_acks_and_producer_ids(bytes(mutated), version)
+            assert "codec can't decode" in str(error), error
+        return
+    assert produce_acks_and_producer_ids(bytes(mutated), version) == (
+        full.acks,
+        _batch_order_pids(full),
+    )
+
+
 @settings(max_examples=500, deadline=None)
 @given(version=st.sampled_from(VERSIONS), data=st.binary(max_size=200))
 def test_garbage_only_raises_protocol_errors(version: int, data: bytes) -> None:
     with contextlib.suppress(ProtocolError):
         parse_produce_request(data, version)
+    with contextlib.suppress(ProtocolError):
+        produce_acks_and_producer_ids(data, version)
     with contextlib.suppress(ProtocolError):
         list(iter_batch_headers(data))
 

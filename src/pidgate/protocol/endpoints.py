@@ -53,6 +53,17 @@ _PRODUCE_NODE_ENDPOINTS_TAG = 0
 _PRODUCE_PARTITION_FIXED_BYTES = 4 + 2 + 8 + 8 + 8  # index, error_code, base_offset, 2 x int64
 
 
+def may_carry_endpoints(api_key: int, api_version: int) -> bool:
+    """Whether a response of this api and version can hold broker endpoints: Metadata,
+    FindCoordinator and DescribeCluster always; Produce from v10 and Fetch from v16 (KIP-951's
+    node_endpoints). Lets the proxy pass every other response on without reading its body."""
+    if api_key == PRODUCE_KEY:
+        return api_version >= FIRST_PRODUCE_NODE_ENDPOINTS_VERSION
+    if api_key == FETCH_KEY:
+        return api_version >= FIRST_FETCH_NODE_ENDPOINTS_VERSION
+    return api_key in ENDPOINT_BEARING_APIS
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerEndpoint:
     node_id: int

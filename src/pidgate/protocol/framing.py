@@ -48,6 +48,15 @@ class FrameDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add ``data`` and return every frame now complete (each with its size prefix)."""
+        if (
+            not self._buffered
+            and type(data) is bytes
+            and len(data) >= SIZE_PREFIX_BYTES
+            and _SIZE.unpack_from(data)[0] + SIZE_PREFIX_BYTES == len(data)
+            and len(data) - SIZE_PREFIX_BYTES <= self.max_frame_bytes
+        ):
+            # The common read: exactly one whole frame, nothing buffered before it.
+            return [data]
         if data:
             chunk = data if isinstance(data, bytes) else bytes(data)
             self._chunks.append(chunk)

@@ -407,6 +407,141 @@ def _parse_produce(buf: memoryview, api_version: int) -> ProduceRequestSummary:
     return ProduceRequestSummary(transactional_id, acks, timeout_ms, tuple(topics))
 
 
+def produce_acks_and_producer_ids(
+    body: bytes | bytearray | memoryview, api_version: int
+) -> tuple[int, tuple[int, ...]]:
+    """(acks, producer ids) of a ProduceRequest body: the walk of :func:`parse_produce_request`
+    with the same bounds checks on every length, array and batch header, but building no
+    objects, and reading topic names by their length only (the broker validates them).
+
+    The per-request path of ``proxy.connection``: the quota needs only the PIDs, and the full
+    summary is built only when something needs it (a rejection, the event log, the order
+    guard). PIDs are in batch order, duplicates kept, -1 (no PID) left out; a legacy (magic
+    0/1) batch carries none.
+    """
+    _check_version(api_version)
+    buf = as_memoryview(body)
+    try:
+        return _walk_producer_ids(buf, api_version)
+    except (struct.error, IndexError, ValueError) as exc:
+        raise MalformedMessageError(
+            f"malformed Produce v{api_version} request ({len(buf)} bytes): {exc}"
+        ) from None
+
+
+_PRODUCER_ID_AT = 43  # RecordBatch v2
+
+
+def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[int, ...]]:
+    flexible = api_version >= FIRST_FLEXIBLE_PRODUCE_VERSION
+    end = len(buf)
+    unpack_i32 = I32.unpack_from
+    unpack_i64 = I64.unpack_from
+    if flexible:
+        size = buf[0]
+        if size == 0:
+            pos = 1
+        else:
+            if size >= 0x80:
+                size, pos = read_uvarint(buf, 0)
+            else:
+                pos = 1
+            pos += size - 1
+    else:
+        size = I16.unpack_from(buf, 0)[0]
+        pos = 2 + (size if size > 0 else 0)
+        if size < -1:
+            raise MalformedMessageError(f"invalid transactional_id length {size}")
+    if pos + 6 > end:
+        raise MalformedMessageError(f"truncated Produce v{api_version} request: acks/timeout_ms")
+    acks = I16.unpack_from(buf, pos)[0]
+    pos += 6
+    producer_ids: list[int] = []
+    topic_count, pos = _array_len(buf, pos, flexible, "topic_data")
+    for _ in range(topic_count):
+        if api_version >= FIRST_TOPIC_ID_PRODUCE_VERSION:
+            pos += 16
+        elif flexible:
+            size = buf[pos]
+            if size < 0x80:
+                pos += size if size else 1  # compact string: length + 1 in the varint byte
+            else:
+                size, pos = read_uvarint(buf, pos)
+                pos += size - 1
+        else:
+            size = I16.unpack_from(buf, pos)[0]
+            if size < -1:
+                raise MalformedMessageError(f"invalid topic name length {size}")
+            pos += 2 + (size if size > 0 else 0)
+        if pos > end:
+            raise MalformedMessageError("truncated Produce request: topic")
+        partition_count, pos = _array_len(buf, pos, flexible, "partition_data")
+        for _ in range(partition_count):
+            if pos + 4 > end:
+                raise MalformedMessageError("truncated Produce request: partition index")
+            pos += 4
+            if flexible:
+                size = buf[pos]
+                if size < 0x80:
+                    pos += 1
+                else:
+                    size, pos = read_uvarint(buf, pos)
+                size -= 1  # compact nullable bytes: 0 = null
+            else:
+                if pos + 4 > end:
+                    raise MalformedMessageError("truncated Produce request: records length")
+                size = unpack_i32(buf, pos)[0]
+                pos += 4
+            if size < 0:
+                if size != -1:
+                    raise MalformedMessageError(f"invalid records length {size} at offset {pos}")
+            else:
+                stop = pos + size
+                if stop > end:
+                    raise MalformedMessageError(
+                        f"truncated Produce request: records need {size} bytes at offset {pos}, "
+                        f"{end - pos} left"
+                    )
+                while pos < stop:
+                    remaining = stop - pos
+                    if remaining < BATCH_V2_HEADER_BYTES:
+                        # Short or legacy batches: the full walk has every rule for them.
+                        for batch in _batch_headers(buf, pos, stop, False):
+                            if batch.producer_id != -1:
+                                producer_ids.append(batch.producer_id)
+                        break
+                    if buf[pos + _MAGIC_OFFSET] != 2:
+                        for batch in _batch_headers(buf, pos, stop, False):
+                            if batch.producer_id != -1:
+                                producer_ids.append(batch.producer_id)
+                        break
+                    batch_length = unpack_i32(buf, pos + 8)[0]
+                    if batch_length < BATCH_V2_HEADER_BYTES - LOG_OVERHEAD_BYTES:
+                        raise MalformedMessageError(
+                            f"record batch at offset {pos} has batch_length {batch_length}, "
+                            f"below the minimum {BATCH_V2_HEADER_BYTES - LOG_OVERHEAD_BYTES} for "
+                            "magic 2"
+                        )
+                    total = LOG_OVERHEAD_BYTES + batch_length
+                    if total > remaining:
+                        raise MalformedMessageError(
+                            f"truncated record batch at offset {pos}: batch needs {total} bytes, "
+                            f"{remaining} left"
+                        )
+                    producer_id = unpack_i64(buf, pos + _PRODUCER_ID_AT)[0]
+                    if producer_id != -1:
+                        producer_ids.append(producer_id)
+                    pos += total
+                pos = stop
+            if flexible:
+                pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
+        if flexible:
+            pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
+    if flexible:
+        skip_tagged_fields(buf, pos)
+    return acks, tuple(producer_ids)
+
+
 def _array_len(buf: memoryview, pos: int, flexible: bool, what: str) -> tuple[int, int]:
     """``read_array_len`` with the one-byte compact length read inline."""
     if flexible:

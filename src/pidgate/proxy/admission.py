@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -101,25 +101,40 @@ class Gatekeeper:
         self.decided_at_ms = 0
 
     def check(self, context: ProduceContext, request: ProduceRequestSummary) -> Decision | None:
-        """None when the request carries no PID (never throttled), else the quota decision.
+        """None when the request carries no PID (never throttled), else the quota decision;
+        see :meth:`check_producer_ids`."""
+        return self.check_producer_ids(context, request.producer_ids(), lambda: request)
+
+    def check_producer_ids(
+        self,
+        context: ProduceContext,
+        producer_ids: Collection[int],
+        summarize: Callable[[], ProduceRequestSummary],
+    ) -> Decision | None:
+        """The quota decision for a Produce carrying ``producer_ids`` (duplicates allowed);
+        None when it carries none (never throttled). ``summarize`` builds the request's full
+        summary, asked for only when an observer is told (a new, refreshed, grandfathered or
+        rejected PID): the steady state of known PIDs never builds it.
 
         Should the quota manager raise, the failure policy decides instead: None (forward, fail
         open) or a ``Rejected`` of ``failure_throttle_ms`` (fail closed). Either way the error
         goes to ``on_quota_error`` and observers are not told (no quota decision was made)."""
-        producer_ids = request.producer_ids()
         if not producer_ids:
             return None
         self.decided_at_ms = now_ms = quota_clock_ms()
         try:
             decision = self.quota.admit(context.principal, producer_ids, now_ms)
         except Exception as error:  # a bug in the quota subsystem: the policy says what now
-            return self._quota_failed(error, producer_ids)
-        if self._observers and (
+            return self._quota_failed(error, frozenset(producer_ids))
+        if not self._observers:
+            return decision
+        if (
             isinstance(decision, Rejected)
             or decision.new_producer_ids
             or decision.refreshed_count
             or decision.grandfathered_producer_ids
         ):
+            request = summarize()
             for observer in self._observers:
                 try:
                     observer.on_decision(context, request, decision)

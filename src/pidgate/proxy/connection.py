@@ -41,7 +41,7 @@ from pidgate.protocol.api_versions import (
     narrow_api_versions_response,
     parse_api_versions_request,
 )
-from pidgate.protocol.endpoints import ENDPOINT_BEARING_APIS, rewrite_endpoints
+from pidgate.protocol.endpoints import may_carry_endpoints, rewrite_endpoints
 from pidgate.protocol.errors import ProtocolError, UnsupportedApiError
 from pidgate.protocol.framing import FrameDecoder, frame
 from pidgate.protocol.headers import (
@@ -58,6 +58,7 @@ from pidgate.protocol.produce import (
     ProduceRequestSummary,
     encode_produce_rejection,
     parse_produce_request,
+    produce_acks_and_producer_ids,
 )
 from pidgate.proxy.admission import (
     ProduceContext,
@@ -93,6 +94,14 @@ _MAX_ACKS0_IDS = 1024
 
 Address = tuple[str, int]
 
+#: Responses pidgate reads beyond the correlation id, whatever their version: SASL exchanges
+#: (the principal), ApiVersions (narrowed), and the bare SASL token marker.
+_READ_RESPONSES = frozenset({SASL_HANDSHAKE, SASL_AUTHENTICATE, API_VERSIONS, RAW_SASL_TOKEN})
+
+
+def _reads_response_body(api_key: int, api_version: int) -> bool:
+    return api_key in _READ_RESPONSES or may_carry_endpoints(api_key, api_version)
+
 
 class _Slot:
     """A response owed to the client, in request order."""
@@ -103,6 +112,7 @@ class _Slot:
         "correlation_id",
         "merge",
         "observe",
+        "passes_through",
         "response",
         "sent_ns",
     )
@@ -111,6 +121,8 @@ class _Slot:
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
+        #: The response needs no reading beyond its correlation id (see _reads_response_body).
+        self.passes_through = not _reads_response_body(api_key, api_version)
         self.response: bytes | None = None
         self.sent_ns = time.perf_counter_ns()
         #: For a request pidgate split (client quotas): builds the client's response from the
@@ -118,6 +130,34 @@ class _Slot:
         self.merge: Callable[[bytes], bytes] | None = None
         #: Reads the response body on its way back (e.g. the PID an InitProducerId handed out).
         self.observe: Callable[[memoryview], None] | None = None
+
+
+class _ProduceHeader:
+    """The last Produce header of a connection past its correlation id: clients repeat it."""
+
+    __slots__ = ("after_correlation_id", "api_version", "header_bytes")
+
+    def __init__(self, api_version: int, header_bytes: int, after_correlation_id: bytes) -> None:
+        self.api_version = api_version
+        #: Where the body starts; the header's bytes from offset 8 (client_id, tagged fields).
+        self.header_bytes = header_bytes
+        self.after_correlation_id = after_correlation_id
+
+
+class _LazySummary:
+    """The full walk of one Produce body (``parse_produce_request``), made on first call."""
+
+    __slots__ = ("_api_version", "_body", "_summary")
+
+    def __init__(self, body: memoryview, api_version: int) -> None:
+        self._body = body
+        self._api_version = api_version
+        self._summary: ProduceRequestSummary | None = None
+
+    def __call__(self) -> ProduceRequestSummary:
+        if self._summary is None:
+            self._summary = parse_produce_request(self._body, self._api_version)
+        return self._summary
 
 
 class ClientConnection(asyncio.Protocol):
@@ -160,6 +200,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         # Per-connection values the hot path would otherwise rebuild for every Produce.
         self._produce_context: ProduceContext | None = None
+        self._produce_header: _ProduceHeader | None = None
         #: Batches rejected here that later in-flight batches must not overtake (ordering.py).
         self._order_guard = ProduceOrderGuard()
         #: When the throttle of this connection's latest rejection ends (monotonic ms).
@@ -399,6 +440,25 @@ class ClientConnection(asyncio.Protocol):
                 )
                 return
             slot = self._awaiting_upstream.popleft()
+            if slot.observe is None and slot.merge is None and slot.passes_through:
+                # Nothing in this response's body concerns pidgate (a Produce before v10 above
+                # all): match its correlation id and pass it on unread.
+                if len(response) < 8:
+                    self._fail_upstream("bad_response", "response shorter than its header")
+                    return
+                correlation_id = _CORRELATION_ID.unpack_from(response, 4)[0]
+                if correlation_id != slot.correlation_id:
+                    self._fail_upstream(
+                        "bad_response",
+                        f"response correlation_id {correlation_id} does not match the "
+                        f"request's {slot.correlation_id}",
+                    )
+                    return
+                self._context.traffic.response(
+                    slot.api_key, len(response), (time.perf_counter_ns() - slot.sent_ns) / 1e9
+                )
+                slot.response = response
+                continue
             if slot.api_key == RAW_SASL_TOKEN:
                 try:
                     self._on_raw_sasl_response(response)
@@ -433,7 +493,7 @@ class ClientConnection(asyncio.Protocol):
             except Exception as error:  # a bug, not bad bytes: never pass a response half-done
                 self._fail_upstream("internal_error", repr(error))
                 return
-            if slot.api_key in ENDPOINT_BEARING_APIS:
+            if may_carry_endpoints(slot.api_key, slot.api_version):
                 ready = self._context.router.listeners_ready()
                 if ready is not None:
                     ready.add_done_callback(functools.partial(self._fill, slot, response))
@@ -508,7 +568,7 @@ class ClientConnection(asyncio.Protocol):
                 CLIENT_QUOTA_VERSIONS,
                 drop=NOT_FORWARDED_APIS,
             )
-        elif slot.api_key in ENDPOINT_BEARING_APIS:
+        elif may_carry_endpoints(slot.api_key, slot.api_version):
             new_body = rewrite_endpoints(
                 slot.api_key, slot.api_version, body, self._context.router.rewrite
             )
@@ -567,6 +627,19 @@ class ClientConnection(asyncio.Protocol):
         if len(payload) < _API_KEY_VERSION_CORRELATION.size:
             raise ProtocolError(f"request of {len(payload)} bytes is shorter than any header")
         api_key, api_version, correlation_id = peek_request_header(payload)
+        cached = self._produce_header
+        if (
+            api_key == PRODUCE
+            and cached is not None
+            and cached.api_version == api_version
+            and payload[8 : cached.header_bytes] == cached.after_correlation_id
+        ):
+            # The same client_id and tagged fields as the last Produce on this connection: the
+            # header parses to the same values but the correlation id (checked in full once).
+            self._context.traffic.request(PRODUCE, len(request))
+            return self._produce(
+                request, payload[cached.header_bytes :], api_version, correlation_id
+            )
         if forwarded_untouched(api_key, self._context.api_version_limits):
             # Not inspected: forwarded as is, in the versions the broker itself advertised.
             self._context.traffic.request(api_key, len(request))
@@ -597,36 +670,13 @@ class ClientConnection(asyncio.Protocol):
         self.client_id = header.client_id
         self._context.traffic.request(header.api_key, len(request))
         body = payload[header.header_bytes :]
-        expects_response = True
         if header.api_key == PRODUCE:
-            produce = parse_produce_request(body, header.api_version)
-            if self.principal is None:
-                # Kafka's SASL listener closes a connection that produces before authenticating;
-                # pidgate does the same, so nothing is ever charged to, or hidden behind, a name
-                # the broker has not accepted.
-                raise ProtocolError("Produce before SASL authentication completed")
-            context = self._produce_context
-            if context is None or context.client_id != header.client_id:
-                context = self._produce_context = ProduceContext(
-                    principal=self.principal,
-                    client_id=header.client_id,
-                    client_software_name=self.client_software.name,
-                    peer=self.peer,
-                    node_id=self.node_id,
-                )
-            guard = self._order_guard
-            if guard and guard.overtakes(produce):
-                # An idempotent batch behind one rejected here: a broker would fail it too
-                # (OUT_OF_ORDER_SEQUENCE), and the client retries both in order.
-                self._hold(header.api_version, header.correlation_id, produce, context)
-                return None
-            decision = self._context.gatekeeper.check(context, produce)
-            if isinstance(decision, Rejected):
-                self._reject(header.api_version, header.correlation_id, produce, decision, context)
-                return None
-            if guard:
-                guard.admitted(produce)
-            expects_response = produce.acks != 0
+            self._produce_header = _ProduceHeader(
+                header.api_version,
+                header.header_bytes,
+                bytes(payload[8 : header.header_bytes]),
+            )
+            return self._produce(request, body, header.api_version, header.correlation_id)
         elif header.api_key in CLIENT_QUOTA_APIS:
             return self._client_quotas(header, payload, body)
         elif header.api_key == SASL_HANDSHAKE and sasl is not None:
@@ -638,14 +688,55 @@ class ClientConnection(asyncio.Protocol):
         elif header.api_key == API_VERSIONS:
             self.client_software = parse_api_versions_request(body, header.api_version)
             self._produce_context = None
-        if expects_response:
-            slot = _Slot(header.api_key, header.api_version, header.correlation_id)
-            if header.api_key == INIT_PRODUCER_ID and self._context.event_log is not None:
-                slot.observe = self._init_producer_id_observer(body, header.api_version)
+        slot = _Slot(header.api_key, header.api_version, header.correlation_id)
+        if header.api_key == INIT_PRODUCER_ID and self._context.event_log is not None:
+            slot.observe = self._init_producer_id_observer(body, header.api_version)
+        self._slots.append(slot)
+        self._awaiting_upstream.append(slot)
+        return request
+
+    def _produce(
+        self, request: bytes, body: memoryview, api_version: int, correlation_id: int
+    ) -> bytes | None:
+        """A Produce request: the frame to forward, or None when answered here (rejected, or
+        held behind a rejected batch) or when nothing answers it (acks=0)."""
+        # The lean walk (acks and PIDs only); the full summary is built only when something
+        # needs it: a rejection, a hold, the order guard, an observer (see admission.py).
+        acks, producer_ids = produce_acks_and_producer_ids(body, api_version)
+        if self.principal is None:
+            # Kafka's SASL listener closes a connection that produces before authenticating;
+            # pidgate does the same, so nothing is ever charged to, or hidden behind, a name
+            # the broker has not accepted.
+            raise ProtocolError("Produce before SASL authentication completed")
+        if producer_ids:
+            context = self._produce_context
+            if context is None or context.client_id != self.client_id:
+                context = self._produce_context = ProduceContext(
+                    principal=self.principal,
+                    client_id=self.client_id,
+                    client_software_name=self.client_software.name,
+                    peer=self.peer,
+                    node_id=self.node_id,
+                )
+            summary = _LazySummary(body, api_version)
+            guard = self._order_guard
+            if guard and guard.overtakes(summary()):
+                # An idempotent batch behind one rejected here: a broker would fail it too
+                # (OUT_OF_ORDER_SEQUENCE), and the client retries both in order.
+                self._hold(api_version, correlation_id, summary(), context)
+                return None
+            decision = self._context.gatekeeper.check_producer_ids(context, producer_ids, summary)
+            if isinstance(decision, Rejected):
+                self._reject(api_version, correlation_id, summary(), decision, context)
+                return None
+            if guard:
+                guard.admitted(summary())
+        if acks == 0:
+            self._acks0_ids.append(correlation_id)
+        else:
+            slot = _Slot(PRODUCE, api_version, correlation_id)
             self._slots.append(slot)
             self._awaiting_upstream.append(slot)
-        elif header.api_key == PRODUCE:
-            self._acks0_ids.append(header.correlation_id)
         return request
 
     def _init_producer_id_observer(

@@ -1,0 +1,517 @@
+"""Per-request CPU of pidgate against the floor (a trivial uvloop forwarder), small requests.
+
+    python benchmarks/small_requests.py [--rounds 5] [--requests 20000] [--producers 16]
+                                        [--records-per-producer 400] [--baseline-src DIR]
+                                        [--profile FILE] [--only WORKLOAD]
+
+The PID-explosion workload is many producers sending small requests, so what pidgate costs per
+request matters more than what it costs per byte. This script starts one tansu broker, the
+floor (``forwarder.py``: an asyncio.Protocol pair that only copies bytes) and ``pidgate serve``
+with quotas on (every Produce goes through the Gatekeeper and the layered Bloom filter), each
+its own process on 127.0.0.1, and runs the same workloads through both, interleaved, in every
+round:
+
+* ``pingpong-known``: raw Produce v9 frames (one 100-byte record, acks=1) of one known PID on
+  one connection, one in flight: send, wait for the response, send the next.
+* ``pipelined-known``: the same frames with 32 in flight on one connection.
+* ``pipelined-new``: 32 in flight, every request from a PID pidgate has not seen (admitted:
+  the quota is high), so every request takes the miss path: all layers scanned, a token
+  taken, bits set. The PIDs are not the broker's (see ``UNKNOWN_PRODUCER_ID``), so tansu
+  answers each with an error, through both proxies alike.
+* ``librdkafka``: ``--producers`` confluent-kafka producers (idempotent, so acks=all,
+  ``linger.ms=0``), each in its own thread producing one record and waiting for its delivery
+  report, ``--records-per-producer`` times: one record per Produce request, many connections.
+
+CPU is each proxy process's schedstat time (all threads, ns) over the run, divided by the
+Produce requests the run sent. The ``BENCH_SMALL`` line gives per workload the floor's and
+pidgate's µs per request and their ratio (medians of the per-round paired ratios), and the
+throughput ratio of pidgate to the floor. Everything started here is stopped by PID. No test
+imports this: it measures, it asserts nothing about speed.
+"""
+
+# Report lines are long f-strings.
+# ruff: noqa: E501
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.record.memory_records import MemoryRecordsBuilder
+from kafka.record.util import calc_crc32c
+
+from pidgate.demo.broker import broker_binary, free_port
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench import Cpu, Pidgate, stop_process, wait_listening  # noqa: E402
+
+TOPIC = "pidgate-small"
+VALUE = b"v" * 100
+PRODUCE_VERSION = 9
+PIPELINE_DEPTH = 32
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+class Broker:
+    """A tansu broker (in memory). The floor's broker advertises the floor's port, so a client
+    bootstrapping through the forwarder comes back through it (pidgate rewrites endpoints
+    itself, the forwarder cannot); pidgate's broker advertises itself, or pidgate's upstream
+    connections would go through the forwarder. Two brokers of one binary and one config."""
+
+    def __init__(self, log_dir: Path, name: str, advertised_port: int | None = None) -> None:
+        self.port = free_port()
+        advertised_port = advertised_port or self.port
+        self._log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                broker_binary(),
+                "broker",
+                "--listener-url",
+                f"tcp://127.0.0.1:{self.port}",
+                "--advertised-listener-url",
+                f"tcp://127.0.0.1:{advertised_port}",
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_listening(self.port, self.process, "tansu")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._log.close()
+
+
+class Forwarder:
+    def __init__(self, port: int, upstream: str, log_dir: Path) -> None:
+        self.port = port
+        self._log = open(log_dir / "forwarder.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "forwarder.py"), str(port), upstream],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_listening(port, self.process, "forwarder")
+        self.cpu = Cpu(self.process.pid)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._log.close()
+
+
+# -- raw frames -------------------------------------------------------------------------------
+
+# RecordBatch v2 offsets (KAFKA-NOTES: record batch layout).
+_CRC_AT, _ATTRIBUTES_AT, _PRODUCER_ID_AT, _BASE_SEQUENCE_AT = 17, 21, 43, 53
+
+
+def _template(topic: str) -> tuple[bytes, int]:
+    """One framed Produce v9 request (acks=1, one record of 100 bytes) and where its record
+    batch starts in the frame."""
+    builder = MemoryRecordsBuilder(
+        magic=2,
+        compression_type=0,
+        batch_size=1 << 20,
+        offset=0,
+        producer_id=1,
+        producer_epoch=0,
+        base_sequence=0,
+    )
+    builder.append(timestamp=int(time.time() * 1000), key=None, value=VALUE)
+    builder.close()
+    batch = bytes(builder.buffer())
+    T = ProduceRequest.TopicProduceData
+    request = ProduceRequest(
+        version=PRODUCE_VERSION,
+        transactional_id=None,
+        acks=1,
+        timeout_ms=10_000,
+        topic_data=[T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=batch)])],
+    )
+    request.with_header(correlation_id=0, client_id="small")
+    body = request.encode(version=PRODUCE_VERSION, header=True, framed=True)
+    return bytes(body), bytes(body).index(batch)
+
+
+def produce_frames(
+    topic: str, producer_ids: Callable[[int], int], sequences: Callable[[int], int], count: int
+) -> list[bytes]:
+    """``count`` framed Produce requests, correlation ids 0..count-1, request i from producer
+    ``producer_ids(i)`` at base sequence ``sequences(i)`` (CRC-32C recomputed)."""
+    frame, at = _template(topic)
+    out = []
+    for i in range(count):
+        buf = bytearray(frame)
+        struct.pack_into(">i", buf, 8, i)  # correlation id, after size, api key and version
+        struct.pack_into(">q", buf, at + _PRODUCER_ID_AT, producer_ids(i))
+        struct.pack_into(">i", buf, at + _BASE_SEQUENCE_AT, sequences(i))
+        struct.pack_into(">I", buf, at + _CRC_AT, calc_crc32c(bytes(buf[at + _ATTRIBUTES_AT :])))
+        out.append(bytes(buf))
+    return out
+
+
+def init_producer_ids(address: str, count: int) -> list[int]:
+    """``count`` fresh PIDs from the broker behind ``address`` (InitProducerId v4, pipelined on
+    one connection): tansu answers 59 UNKNOWN_PRODUCER_ID to a PID it did not allocate."""
+    from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
+
+    request = InitProducerIdRequest(
+        version=4,
+        transactional_id=None,
+        transaction_timeout_ms=60_000,
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    request.with_header(correlation_id=1, client_id="small")
+    frame = bytes(request.encode(version=4, header=True, framed=True))
+    host, _, port = address.rpartition(":")
+    out = []
+    with socket.create_connection((host, int(port)), 10) as sock:
+        sock.settimeout(30)
+        buffer = bytearray()
+        for start in range(0, count, 256):
+            chunk = min(256, count - start)
+            sock.sendall(frame * chunk)
+            for _ in range(chunk):
+                payload, buffer = _recv_frame(sock, buffer)
+                response = InitProducerIdResponse.decode(payload, version=4, header=True)
+                if response.error_code:
+                    raise RuntimeError(f"InitProducerId failed: {response}")
+                out.append(int(response.producer_id))
+    return out
+
+
+def _recv_frame(sock: socket.socket, buffer: bytearray) -> tuple[bytes, bytearray]:
+    while True:
+        if len(buffer) >= 4:
+            size = int.from_bytes(buffer[:4], "big")
+            if len(buffer) >= 4 + size:
+                return bytes(buffer[4 : 4 + size]), buffer[4 + size :]
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("connection closed mid-frame")
+        buffer += chunk
+
+
+def _check_response(payload: bytes, expected_error: int) -> None:
+    response = ProduceResponse.decode(payload, version=PRODUCE_VERSION, header=True)
+    errors = [p.error_code for t in response.responses for p in t.partition_responses]
+    if errors != [expected_error]:
+        raise RuntimeError(f"Produce answered {errors}, expected [{expected_error}]")
+
+
+def send_frames(address: str, frames: list[bytes], depth: int, expected_error: int = 0) -> None:
+    """Send ``frames`` on one connection, at most ``depth`` unanswered; every response must
+    carry ``expected_error`` (checked on every 64th and the last: decoding costs the client
+    CPU) and come in request order."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), 10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(30)
+        sent = 0
+        buffer = bytearray()
+        first = min(depth, len(frames))
+        sock.sendall(b"".join(frames[:first]))
+        sent = first
+        for i in range(len(frames)):
+            payload, buffer = _recv_frame(sock, buffer)
+            if int.from_bytes(payload[:4], "big") != i:
+                raise RuntimeError(f"response {i} answered out of order")
+            if not i & 63 or i == len(frames) - 1:
+                _check_response(payload, expected_error)
+            if sent < len(frames):
+                sock.sendall(frames[sent])
+                sent += 1
+
+
+# -- workloads --------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    name: str
+    prepare: Callable[[str], Any]  # bootstrap -> what run needs (not timed)
+    run: Callable[[str, Any], int]  # (bootstrap, prepared) -> Produce requests sent
+
+
+#: tansu 0.6's in-memory engine slows down with every PID it allocates (InitProducerId and
+#: each Produce scan them all: 1,000 more PIDs took it from ~5,000 to ~1,200 requests/s), so
+#: the new-PID workload cannot use broker-allocated PIDs by the thousand.
+UNKNOWN_PRODUCER_ID = 59
+
+
+def raw_workloads(requests: int) -> list[Workload]:
+    # One PID per target for every known-PID run; its sequence goes on from run to run.
+    known: dict[str, tuple[int, list[int]]] = {}
+    new_pids = iter(range(1 << 40, 1 << 41, 1 << 20))
+
+    def known_frames(bootstrap: str) -> list[bytes]:
+        if bootstrap not in known:
+            known[bootstrap] = (init_producer_ids(bootstrap, 1)[0], [0])
+        pid, next_sequence = known[bootstrap]
+        first = next_sequence[0]
+        next_sequence[0] += requests
+        return produce_frames(TOPIC, lambda _: pid, lambda i: first + i, requests)
+
+    def new_frames(bootstrap: str) -> list[bytes]:
+        # PIDs the broker never allocated: tansu answers UNKNOWN_PRODUCER_ID, and the proxies
+        # do exactly what they do for an admitted new PID (pidgate: every layer scanned, a
+        # token taken, bits set, then the frame forwarded and the answer passed back).
+        base = next(new_pids)
+        return produce_frames(TOPIC, lambda i: base + i, lambda _: 0, requests)
+
+    def send(depth: int, expected_error: int = 0) -> Callable[[str, list[bytes]], int]:
+        def run(bootstrap: str, frames: list[bytes]) -> int:
+            send_frames(bootstrap, frames, depth, expected_error)
+            return len(frames)
+
+        return run
+
+    return [
+        Workload("pingpong-known", known_frames, send(1)),
+        Workload("pipelined-known", known_frames, send(PIPELINE_DEPTH)),
+        Workload("pipelined-new", new_frames, send(PIPELINE_DEPTH, UNKNOWN_PRODUCER_ID)),
+    ]
+
+
+def librdkafka_workload(producers: int, records: int) -> Workload:
+    def prepare(bootstrap: str) -> list[Producer]:
+        clients = [
+            Producer(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 0,
+                    "log_level": 3,
+                }
+            )
+            for _ in range(producers)
+        ]
+        for client in clients:  # metadata and InitProducerId before the clock starts
+            client.produce(TOPIC, VALUE)
+            if client.flush(30):
+                raise RuntimeError("warm-up record not delivered")
+        return clients
+
+    def run(bootstrap: str, clients: list[Producer]) -> int:
+        failures: list[Any] = []
+        start = threading.Barrier(producers + 1)
+
+        def one(client: Producer) -> None:
+            def on_delivery(error: Any, _message: Any) -> None:
+                if error is not None:
+                    failures.append(error)
+
+            start.wait()
+            for _ in range(records):
+                client.produce(TOPIC, VALUE, on_delivery=on_delivery)
+                client.flush(30)
+
+        threads = [threading.Thread(target=one, args=(c,)) for c in clients]
+        for t in threads:
+            t.start()
+        start.wait()
+        for t in threads:
+            t.join()
+        if failures:
+            raise RuntimeError(f"{len(failures)} delivery failures, first {failures[0]}")
+        return producers * records
+
+    return Workload("librdkafka", prepare, run)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    us_per_request: dict[str, list[float]] = field(default_factory=dict)
+    requests_per_s: dict[str, list[float]] = field(default_factory=dict)
+    cpu_ratio: list[float] = field(default_factory=list)
+    throughput_ratio: list[float] = field(default_factory=list)
+
+
+def measure_round(
+    workload: Workload,
+    targets: dict[str, tuple[str, Cpu]],
+    results: dict[str, Measured],
+    order: list[str],
+) -> str:
+    got = results.setdefault(workload.name, Measured())
+    line = []
+    per: dict[str, tuple[float, float]] = {}
+    for name in order:
+        bootstrap, cpu = targets[name]
+        prepared = workload.prepare(bootstrap)
+        cpu0 = cpu.schedstat_ns()
+        t0 = time.perf_counter()
+        count = workload.run(bootstrap, prepared)
+        elapsed = time.perf_counter() - t0
+        us = (cpu.schedstat_ns() - cpu0) / 1000 / count
+        per[name] = (us, count / elapsed)
+        got.us_per_request.setdefault(name, []).append(us)
+        got.requests_per_s.setdefault(name, []).append(count / elapsed)
+        line.append(f"{name} {us:.1f} µs/req {count / elapsed:,.0f} req/s")
+    got.cpu_ratio.append(per["pidgate"][0] / per["floor"][0])
+    got.throughput_ratio.append(per["pidgate"][1] / per["floor"][1])
+    extra = ""
+    if "baseline" in per:
+        extra = f" baseline/floor {per['baseline'][0] / per['floor'][0]:.2f}"
+    return (
+        f"{workload.name:16s} "
+        + " | ".join(line)
+        + f" | pidgate/floor CPU {got.cpu_ratio[-1]:.2f}{extra}"
+    )
+
+
+def report(results: dict[str, Measured]) -> str:
+    med = statistics.median
+    print("\n== small requests: medians over rounds (CPU ratio paired per round) ==")
+    fields = []
+    for name, m in results.items():
+        floor, pidgate = med(m.us_per_request["floor"]), med(m.us_per_request["pidgate"])
+        baseline = ""
+        if "baseline" in m.us_per_request:
+            baseline = f", baseline {med(m.us_per_request['baseline']):.1f}"
+        print(
+            f"{name:16s} CPU/request floor {floor:6.1f} µs  pidgate {pidgate:6.1f} µs{baseline}  "
+            f"ratio {med(m.cpu_ratio):.2f} (rounds {', '.join(f'{r:.2f}' for r in m.cpu_ratio)})  "
+            f"throughput pidgate/floor {med(m.throughput_ratio):.2f}"
+        )
+        key = name.replace("-", "_")
+        fields.append(
+            f"{key}_floor_us={floor:.1f} {key}_pidgate_us={pidgate:.1f} "
+            f"{key}_cpu_ratio={med(m.cpu_ratio):.2f} {key}_throughput_ratio={med(m.throughput_ratio):.2f}"
+        )
+    return " ".join(fields)
+
+
+def start_profile(pid: int, path: str) -> subprocess.Popen[bytes]:
+    spy = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "-p",
+            str(pid),
+            "-r",
+            "500",
+            "-f",
+            "raw",
+            "-o",
+            path,
+            *(["--native"] if os.environ.get("PYSPY_NATIVE") else ["--nonblocking"]),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    time.sleep(1)
+    return spy
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=20_000, help="per raw-frame run")
+    parser.add_argument("--producers", type=int, default=16)
+    parser.add_argument("--records-per-producer", type=int, default=400)
+    parser.add_argument("--only", help="run only this workload")
+    parser.add_argument("--baseline-src", metavar="DIR", help="also run pidgate from this tree")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy pidgate (raw stacks to FILE)")
+    args = parser.parse_args()
+    log_dir = Path(tempfile.mkdtemp(prefix="pidgate-small-"))
+    forwarder_port = free_port()
+    floor_broker = broker = forwarder = pidgate = baseline = None
+    try:
+        floor_broker = Broker(log_dir, "tansu-floor", forwarder_port)
+        broker = Broker(log_dir, "tansu")
+        forwarder = Forwarder(forwarder_port, floor_broker.address, log_dir)
+        for bootstrap in (forwarder.bootstrap, broker.address):
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            for future in admin.create_topics([NewTopic(TOPIC, 1, 1)]).values():
+                with contextlib.suppress(Exception):  # already there is fine
+                    future.result(15)
+        # A quota so high every new PID is admitted: the miss path runs, nothing is rejected.
+        pidgate = Pidgate(broker.address, log_dir, rate=1_000_000_000)
+        targets = {
+            "floor": (forwarder.bootstrap, forwarder.cpu),
+            "pidgate": (pidgate.bootstrap, pidgate.cpu),
+        }
+        if args.baseline_src:
+            baseline = Pidgate(
+                broker.address, log_dir, args.baseline_src, "pidgate-baseline", rate=1_000_000_000
+            )
+            targets["baseline"] = (baseline.bootstrap, baseline.cpu)
+        workloads = [
+            *raw_workloads(args.requests),
+            librdkafka_workload(args.producers, args.records_per_producer),
+        ]
+        if args.only:
+            workloads = [w for w in workloads if w.name == args.only]
+        print(
+            f"tansu pid {broker.process.pid}; floor pid {forwarder.process.pid}; pidgate pid "
+            f"{pidgate.process.pid}; {args.rounds} rounds; logs in {log_dir}",
+            flush=True,
+        )
+        for w in workloads:  # warm-up, not counted
+            for name in targets:
+                w.run(targets[name][0], w.prepare(targets[name][0]))
+        spy = start_profile(pidgate.process.pid, args.profile) if args.profile else None
+        results: dict[str, Measured] = {}
+        names = list(targets)
+        for rnd in range(args.rounds):
+            order = names if rnd % 2 == 0 else names[::-1]
+            for w in workloads:
+                print(f"round {rnd + 1}: " + measure_round(w, targets, results, order), flush=True)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+            from bench import print_profile
+
+            print_profile(args.profile)
+        print(f"BENCH_SMALL {report(results)} rounds={args.rounds}", flush=True)
+        return 0
+    finally:
+        for p in (baseline, pidgate, forwarder, broker, floor_broker):
+            if p is not None:
+                p.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
