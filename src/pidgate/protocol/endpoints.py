@@ -85,30 +85,46 @@ def _malformed(api_key: int, api_version: int, exc: Exception) -> MalformedMessa
 
 
 def _produce_top_level_tags_offset(buf: memoryview, api_version: int) -> int:
-    """Offset of the top-level tagged-field section of a flexible ProduceResponse body."""
+    """Offset of the top-level tagged-field section of a flexible ProduceResponse body.
+
+    On every Produce response from v10 (KIP-951), so one-byte lengths and the usual empty
+    sections (no record errors, null error message, no tagged fields) are read inline; strings
+    are skipped by their length, not decoded (only where the section starts matters). Reading
+    past the end raises IndexError, which the caller reports as a malformed response."""
     by_id = api_version >= 13
-    pos = 0
-    topics, pos = read_array_len(buf, pos, True, "responses")
+    topics, pos = read_array_len(buf, 0, True, "responses")
     for _ in range(topics):
         if by_id:
             need(buf, pos, 16, "topic_id")
             pos += 16
         else:
-            _name, pos = read_compact_nullable_string(buf, pos, "topic name")
+            pos = _skip_compact_string(buf, pos)
         partitions, pos = read_array_len(buf, pos, True, "partition_responses")
         for _ in range(partitions):
-            need(buf, pos, _PRODUCE_PARTITION_FIXED_BYTES, "partition response")
             pos += _PRODUCE_PARTITION_FIXED_BYTES
-            errors, pos = read_array_len(buf, pos, True, "record_errors")
-            for _ in range(errors):
-                need(buf, pos, 4, "batch_index")
-                _msg, pos = read_compact_nullable_string(buf, pos + 4, "batch error message")
-                pos = skip_tagged_fields(buf, pos)
-            _msg, pos = read_compact_nullable_string(buf, pos, "error_message")
-            pos = skip_tagged_fields(buf, pos)  # current_leader (tag 0) lives here
-        pos = skip_tagged_fields(buf, pos)
+            if buf[pos] == 1:  # record_errors: empty (compact length 0 + 1)
+                pos += 1
+            else:
+                errors, pos = read_array_len(buf, pos, True, "record_errors")
+                for _ in range(errors):
+                    need(buf, pos, 4, "batch_index")
+                    pos = skip_tagged_fields(buf, _skip_compact_string(buf, pos + 4))
+            pos = _skip_compact_string(buf, pos)  # error_message
+            # current_leader (tag 0) lives in the partition's tagged fields
+            pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
+        pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
     need(buf, pos, 4, "throttle_time_ms")
     return pos + 4
+
+
+def _skip_compact_string(buf: memoryview, pos: int) -> int:
+    """The offset after a compact nullable string (uvarint length + 1; 0 = null)."""
+    n = buf[pos]
+    if n < 0x80:
+        return pos + (n if n else 1)
+    n, pos = read_uvarint(buf, pos)
+    need(buf, pos, n - 1, "string")
+    return pos + n - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,6 @@ from pidgate.protocol.headers import (
     RequestHeader,
     parse_request_header,
     parse_response_header,
-    peek_request_header,
 )
 from pidgate.protocol.init_producer_id import (
     parse_init_producer_id_request,
@@ -103,6 +102,17 @@ def _reads_response_body(api_key: int, api_version: int) -> bool:
     return api_key in _READ_RESPONSES or may_carry_endpoints(api_key, api_version)
 
 
+#: _Slot's answer per (api_key, api_version), memoised: a handful of pairs per process.
+_PASSES_THROUGH: dict[int, bool] = {}
+
+
+def _passes_through(api_key: int, api_version: int) -> bool:
+    passes = not _reads_response_body(api_key, api_version)
+    if len(_PASSES_THROUGH) < 4096:  # keys come from clients: bounded all the same
+        _PASSES_THROUGH[(api_key << 16) | (api_version & 0xFFFF)] = passes
+    return passes
+
+
 class _Slot:
     """A response owed to the client, in request order."""
 
@@ -122,7 +132,10 @@ class _Slot:
         self.api_version = api_version
         self.correlation_id = correlation_id
         #: The response needs no reading beyond its correlation id (see _reads_response_body).
-        self.passes_through = not _reads_response_body(api_key, api_version)
+        passes = _PASSES_THROUGH.get((api_key << 16) | (api_version & 0xFFFF))
+        if passes is None:
+            passes = _passes_through(api_key, api_version)
+        self.passes_through = passes
         self.response: bytes | None = None
         self.sent_ns = time.perf_counter_ns()
         #: For a request pidgate split (client quotas): builds the client's response from the
@@ -606,7 +619,12 @@ class ClientConnection(asyncio.Protocol):
                 return
         if forward:
             upstream.write_frames(forward)
-        self._flush_responses()
+        if slots and slots[0].response is not None:
+            self._flush_responses()  # answers made here, now first in line
+        elif len(slots) >= max_in_flight:
+            self._gate.pause("in_flight")
+        else:
+            self._gate.resume("in_flight")  # a no-op unless paused for it
 
     def _handle_request(self, request: bytes) -> bytes | None:
         """Account for one request; the frame to forward to the broker (usually ``request``
@@ -626,7 +644,7 @@ class ClientConnection(asyncio.Protocol):
             self._sasl_principal_changed()
         if len(payload) < _API_KEY_VERSION_CORRELATION.size:
             raise ProtocolError(f"request of {len(payload)} bytes is shorter than any header")
-        api_key, api_version, correlation_id = peek_request_header(payload)
+        api_key, api_version, correlation_id = _API_KEY_VERSION_CORRELATION.unpack_from(payload)
         cached = self._produce_header
         if (
             api_key == PRODUCE
