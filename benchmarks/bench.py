@@ -365,9 +365,19 @@ def main() -> int:
         help="sample pidgate with py-spy during the rounds (collapsed stacks to FILE; needs py-spy; "
         "adds sampling overhead, so the numbers of such a run are not the benchmark's)",
     )
+    parser.add_argument(
+        "--small-rounds",
+        type=int,
+        default=5,
+        help="rounds of small_requests.py's floor comparison after the big-batch rounds (0: skip)",
+    )
+    import small_requests
+
+    small_requests.add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.records, args.latency_records = 3, 30_000, 300
+        args.small_rounds, args.requests, args.records_per_producer = 2, 5000, 100
     started = time.monotonic()
     log_dir = Path(tempfile.mkdtemp(prefix="pidgate-bench-"))
     broker = EmbeddedBroker()
@@ -487,7 +497,19 @@ def main() -> int:
             spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
             spy.wait(30)
             print_profile(args.profile)
-        report(res, args, time.monotonic() - started)
+        small = ""
+        if args.small_rounds > 0:
+            # Its own brokers and pidgate: this run's are stopped first (2 cores).
+            tansu.stop()
+            pidgate.stop()
+            if baseline is not None:
+                baseline.stop()
+            print("\n== small requests against the floor (benchmarks/small_requests.py) ==")
+            small_args = argparse.Namespace(**vars(args))
+            small_args.rounds = args.small_rounds
+            small_args.profile = None
+            small = " " + small_requests.run(small_args)
+        report(res, args, time.monotonic() - started, small)
         return 0
     finally:
         if baseline is not None:
@@ -526,7 +548,7 @@ def print_profile(path: str, top: int = 25) -> None:
         print(f"{100 * c / total:6.2f}%  {f}")
 
 
-def report(res: Results, args: argparse.Namespace, elapsed_s: float) -> None:
+def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str = "") -> None:
     med = statistics.median
     cpu_s = sum(res.pidgate_cpu_s)
     gb = sum(res.pidgate_bytes) / 1e9
@@ -585,7 +607,8 @@ def report(res: Results, args: argparse.Namespace, elapsed_s: float) -> None:
         f"cpu_s_per_gb={med(per_gb):.3f} "
         f"added_latency_p50_us={med(res.added_p50):.0f} added_latency_p99_us={med(res.added_p99):.0f} "
         f"direct_msgs_per_s={med(res.msgs['direct']):.0f} pidgate_msgs_per_s={med(res.msgs['pidgate']):.0f} "
-        f"tansu_proxy_msgs_per_s={med(res.msgs['tansu']):.0f} rounds={args.rounds} records={args.records}",
+        f"tansu_proxy_msgs_per_s={med(res.msgs['tansu']):.0f} rounds={args.rounds} records={args.records}"
+        f"{small}",
         flush=True,
     )
 

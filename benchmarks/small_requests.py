@@ -443,18 +443,28 @@ def start_profile(pid: int, path: str) -> subprocess.Popen[bytes]:
     return spy
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=20_000, help="per raw-frame run")
+    parser.add_argument("--producers", type=int, default=16)
+    parser.add_argument("--records-per-producer", type=int, default=400)
+    parser.add_argument("--only", help="run only this workload")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=20_000, help="per raw-frame run")
-    parser.add_argument("--producers", type=int, default=16)
-    parser.add_argument("--records-per-producer", type=int, default=400)
-    parser.add_argument("--only", help="run only this workload")
+    add_arguments(parser)
     parser.add_argument("--baseline-src", metavar="DIR", help="also run pidgate from this tree")
     parser.add_argument("--profile", metavar="FILE", help="py-spy pidgate (raw stacks to FILE)")
     args = parser.parse_args()
+    print(f"BENCH_SMALL {run(args)}", flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> str:
+    """Every round of every workload, printed as it goes; returns the BENCH fields."""
     log_dir = Path(tempfile.mkdtemp(prefix="pidgate-small-"))
     forwarder_port = free_port()
     floor_broker = broker = forwarder = pidgate = baseline = None
@@ -473,7 +483,7 @@ def main() -> int:
             "floor": (forwarder.bootstrap, forwarder.cpu),
             "pidgate": (pidgate.bootstrap, pidgate.cpu),
         }
-        if args.baseline_src:
+        if getattr(args, "baseline_src", None):
             baseline = Pidgate(
                 broker.address, log_dir, args.baseline_src, "pidgate-baseline", rate=1_000_000_000
             )
@@ -492,7 +502,8 @@ def main() -> int:
         for w in workloads:  # warm-up, not counted
             for name in targets:
                 w.run(targets[name][0], w.prepare(targets[name][0]))
-        spy = start_profile(pidgate.process.pid, args.profile) if args.profile else None
+        profile = getattr(args, "profile", None)
+        spy = start_profile(pidgate.process.pid, profile) if profile else None
         results: dict[str, Measured] = {}
         names = list(targets)
         for rnd in range(args.rounds):
@@ -504,9 +515,8 @@ def main() -> int:
             spy.wait(30)
             from bench import print_profile
 
-            print_profile(args.profile)
-        print(f"BENCH_SMALL {report(results)} rounds={args.rounds}", flush=True)
-        return 0
+            print_profile(profile)
+        return f"{report(results)} small_rounds={args.rounds}"
     finally:
         for p in (baseline, pidgate, forwarder, broker, floor_broker):
             if p is not None:
