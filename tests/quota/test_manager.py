@@ -248,3 +248,34 @@ def test_rejected_request_does_not_refresh_known_pids() -> None:
     assert m.admit(ALICE, [1, 2], 1500) == Rejected(W - 1500, (2,))
     assert m.snapshot(1500)[0].layer_count == 1
     assert not m.is_known(ALICE, 1, W)
+
+
+def test_location_cache_skips_a_pid_added_after_a_roll_in_its_request() -> None:
+    """A PID added after a layer rolled within the same request may already be a false positive
+    of the layer that rolled, which a scan finds first (it names the oldest fresh layer). So it
+    must not be cached at the layer it was written to: both managers, one whose cache is emptied
+    before each request, touch the same layers."""
+    p = replace(
+        QuotaPolicy(window_ms=W, window_num=10, default_producer_ids_rate=100),
+        false_positive_rate=0.3,
+        min_layer_items=3,
+        max_layer_items=3,
+    )
+    one, three = QuotaManager(p), QuotaManager(p)
+    one.admit(ALICE, [1], 0)
+    three.admit(ALICE, [1, 2, 3], 0)
+    # Absent from a layer holding 1, a false positive of one holding 1, 2 and 3.
+    fp = next(
+        pid
+        for pid in range(100, 10_000)
+        if three.is_known(ALICE, pid, 0) and not one.is_known(ALICE, pid, 0)
+    )
+    cached, uncached = QuotaManager(p), QuotaManager(p)
+    for m in (cached, uncached):
+        m.admit(ALICE, [1], 0)
+        # 2 and 3 fill the layer, fp rolls a new one (and was already "in" the full one).
+        assert m.admit(ALICE, [2, 3, fp], 10) == Admitted((2, 3, fp), 0)
+        assert m.snapshot(10)[0].layer_count == 2
+    uncached._positions_cache.clear()
+    assert cached.admit(ALICE, [fp], 3000) == uncached.admit(ALICE, [fp], 3000)
+    assert cached.export() == uncached.export()

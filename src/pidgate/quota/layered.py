@@ -162,7 +162,16 @@ class LayeredBloomFilter:
     names one layer for the filter's whole life.
     """
 
-    __slots__ = ("_bits", "_first", "_max_hashes", "_meta", "next_check_ms", "plan", "uid")
+    __slots__ = (
+        "_bits",
+        "_first",
+        "_max_hashes",
+        "_meta",
+        "_restored",
+        "next_check_ms",
+        "plan",
+        "uid",
+    )
 
     def __init__(self, plan: LayerPlan) -> None:
         self.plan = plan
@@ -174,6 +183,8 @@ class LayeredBloomFilter:
         self._first = 0  # serial of the first row of _meta
         # k of universal_positions(): enough for every layer on the ladder held.
         self._max_hashes = plan.hash_count
+        # Whether a layer off the ladder was restored (find() then checks each layer's size).
+        self._restored = False
         #: No layer can die before this time: admit() calls expire() only from then on.
         self.next_check_ms = _NEVER
 
@@ -232,8 +243,9 @@ class LayeredBloomFilter:
         offset = len(bits)
         found = ABSENT
         fresh = True
-        # Row fields by literal offset (_START 0, _LAST 1, _CAPACITY 3, _BITS 4, _HASHES 5):
-        # this loop runs once per layer for every new PID.
+        restored = self._restored
+        # Row fields by literal offset (_START 0, _LAST 1, _BITS 4, _HASHES 5): this loop
+        # runs once per layer for every PID that is not in the manager's location cache.
         base = len(meta) - _STRIDE
         while base >= 0:
             m = meta[base + 4]
@@ -246,22 +258,23 @@ class LayeredBloomFilter:
                 if found != ABSENT:
                     return found
                 fresh = False
-            if meta[base + 1] > dead_before:
-                if not modulus % m:
-                    # Most layers miss on the first bit: test it before anything else.
-                    if bits[offset + first % m]:
-                        k = meta[base + 5]
-                        for u in positions if k == all_hashes else positions[:k]:
-                            if not bits[offset + u % m]:
-                                break
-                        else:
-                            if not fresh:
-                                return STALE
-                            found = self._first + base // 6
-                elif self._holds_restored(base, offset, producer_id):
-                    if not fresh:
-                        return STALE
-                    found = self._first + base // 6
+            # A fresh layer is never dead (its last write >= its start > now - window).
+            if fresh or meta[base + 1] > dead_before:
+                if restored and modulus % m:
+                    if self._holds_restored(base, offset, producer_id):
+                        if not fresh:
+                            return STALE
+                        found = self._first + base // 6
+                # Most layers miss on the first bit: test it before anything else.
+                elif bits[offset + first % m]:
+                    k = meta[base + 5]
+                    for u in positions if k == all_hashes else positions[:k]:
+                        if not bits[offset + u % m]:
+                            break
+                    else:
+                        if not fresh:
+                            return STALE
+                        found = self._first + base // 6
             base -= 6
         return found
 
@@ -480,6 +493,7 @@ class LayeredBloomFilter:
         bits = bitarray(0, endian="big")
         meta = array("q")
         max_hashes = self.plan.hash_count
+        restored = False
         for state in layers:
             shape = state.shape
             if state.start_ms > state.last_write_ms:
@@ -508,12 +522,15 @@ class LayeredBloomFilter:
                     shape.hash_count,
                 )
             )
-            if shape.is_universal and shape.hash_count > max_hashes:
+            if not shape.is_universal:
+                restored = True
+            elif shape.hash_count > max_hashes:
                 max_hashes = shape.hash_count
         self._bits = bits
         self._meta = meta
         self._first = 0
         self._max_hashes = max_hashes
+        self._restored = restored
         self.uid = next(_uids)
         self.next_check_ms = _AT_ONCE
 

@@ -307,7 +307,7 @@ class QuotaManager:
         cache = self._positions_cache
         uid = seen.uid
         # Where each distinct PID is; nothing changes until the request is admitted.
-        fresh: list[int] = []  # serials of the layers to touch
+        fresh: set[int] = set()  # serials of the layers to touch (a batch shares a few)
         stale: list[tuple[int, tuple[int, ...]]] = []
         unknown: list[tuple[int, tuple[int, ...]]] = []
         if len(producer_ids) == 1:
@@ -340,12 +340,12 @@ class QuotaManager:
                     and now_ms >= cached[2]
                     and seen.is_fresh(cached[1], now_ms)
                 ):
-                    fresh.append(cached[1])
+                    fresh.add(cached[1])
                     continue
                 positions = seen.positions(pid)
                 where = seen.find(pid, positions, now_ms)
                 if where >= 0:
-                    fresh.append(where)
+                    fresh.add(where)
                     self._remember_location(pid, uid, where, now_ms)
                 elif where == ABSENT:
                     unknown.append((pid, positions))
