@@ -46,10 +46,10 @@ class QuotaPolicy:
 
     ``max_total_bits`` caps the sum of all Bloom layer bits (2**30 bits = 128 MiB). Layers are
     sized to what each principal writes (:mod:`pidgate.quota.layered`): ≈ 14.4 bits per item at
-    p = 0.001, plus headroom and rounding up to the next size (at most +25%), so a steady
-    producer costs ≈ 2–3 copies × ~20 bits ≈ 5–8 B plus its share of the per-layer (48 B) and
-    per-principal overhead;
-    ``max_principals`` bounds the per-principal Python objects (≈ 0.6–1 KiB each) for idle ones.
+    p = 0.001 plus headroom and rounding to the size ladder, and an active PID has 2–3 copies
+    alive, so ≈ 75–80 bits (10 B) per active PID at steady state (benchmarks/memory.py), plus
+    48 B per layer and ≈ 0.5 KiB per principal of Python objects; ``max_principals`` bounds the
+    latter for idle principals.
     ``min_layer_items`` is the smallest capacity of a new layer (16 items = 256 bits at
     p = 0.001; smaller only saves bits that the layer's own bookkeeping outweighs);
     ``max_layer_items`` bounds one layer (1M items ≈ 2 MiB at p = 0.001); principals that write
