@@ -71,9 +71,13 @@ pytestmark = pytest.mark.integration
 MIB = 1 << 20
 PRODUCE, SASL_HANDSHAKE, SASL_AUTHENTICATE = 0, 17, 36
 PRODUCE_VERSION = 8
-#: Bits of one Bloom layer of a principal whose rate is at most min_layer_items (1000) at the
-#: default false-positive rate 0.001: ceil(1000 * ln(1000) / ln(2)^2).
-LAYER_BITS = 14_378
+#: Bits of the smallest Bloom layer (min_layer_items, 16 items, at the default false-positive
+#: rate 0.001: 231 bits, rounded up to the layer size ladder): what a principal that activated
+#: one PID holds. Layers are sized to what a principal writes (issue #12).
+SMALLEST_LAYER_BITS = 256
+#: Bits of a Bloom layer for 1000 items (the flood principal's rate per window) at p = 0.001:
+#: ceil(1000 * ln(1000) / ln(2)^2), the unit of the flood's memory bound.
+RATE_LAYER_BITS = 14_378
 
 _SIZE = struct.Struct(">i")
 _I16 = struct.Struct(">h")
@@ -489,7 +493,8 @@ def test_10k_connections_opened_and_closed_leave_nothing_behind(broker: Embedded
 
 PRINCIPALS = 100_000
 MAX_PRINCIPALS = 10_000
-#: Above MAX_PRINCIPALS x LAYER_BITS (143.78M), so max_principals is the cap that binds.
+#: Far above MAX_PRINCIPALS x SMALLEST_LAYER_BITS (2.56M), so max_principals is the cap that
+#: binds.
 MAX_TOTAL_BITS = 150_000_000
 SASL_CONNECTIONS = 16
 SASL_DEADLINE_S = 150
@@ -698,7 +703,7 @@ def test_100k_principals_are_capped_evicted_idlest_first_and_counted() -> None:
     assert max(s.bits for s in samples) <= MAX_TOTAL_BITS
     assert (
         metric(final, "pidgate_bloom_filter_bytes") * 8
-        == MAX_PRINCIPALS * LAYER_BITS
+        == MAX_PRINCIPALS * SMALLEST_LAYER_BITS
         <= MAX_TOTAL_BITS
     )
 
@@ -939,8 +944,8 @@ def test_1m_pids_from_one_principal_are_throttled_with_bounded_memory(
     most_layers = WINDOW_NUM + 2 + int(new_pids) // 1000
     bits_checkpoint = principal_bits(checkpoint, f"User:{user}")
     bits_after = principal_bits(memory, f"User:{user}")
-    assert bits_checkpoint <= most_layers * LAYER_BITS
-    assert bits_after <= most_layers * LAYER_BITS
+    assert bits_checkpoint <= most_layers * RATE_LAYER_BITS
+    assert bits_after <= most_layers * RATE_LAYER_BITS
     assert memory["memory"]["bloom_bits"] == bits_after <= FLOOD_MAX_TOTAL_BITS
     assert memory["memory"]["principals_evicted"] == 0
     assert memory["memory"]["principals_tracked"] == 1
@@ -969,7 +974,7 @@ def test_1m_pids_from_one_principal_are_throttled_with_bounded_memory(
         checkpoint_s=round(checkpoint_s, 2),
         bits_at_100k=bits_checkpoint,
         bits_at_1m=bits_after,
-        bits_if_every_pid_were_kept=FLOOD_PIDS * LAYER_BITS // 1000,
+        bits_if_every_pid_were_kept=FLOOD_PIDS * RATE_LAYER_BITS // 1000,
         layers_at_1m=memory["principals"][0]["layers"],
         rss_before=rss_before,
         rss_at_100k=rss_checkpoint,

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pidgate.quota.bloom import BloomFilter, BloomShape, bloom_positions
+from pidgate.quota.bloom import (
+    UNIVERSAL_MODULUS,
+    BloomFilter,
+    BloomShape,
+    bits_per_item,
+    bloom_positions,
+    hash_count_for,
+    universal_positions,
+)
 
 PIDS = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
@@ -139,3 +147,47 @@ def test_false_positive_rate_near_target(seed: int) -> None:
     # catch any broken hashing (correlated positions push the rate up by integer factors).
     measured, _ = _measured_fpr(1000, 0.01, seed=seed, probes=20_000)
     assert 0.004 < measured < 0.025
+
+
+# -- layer shapes and universal positions (issue #12) ---------------------------------------
+
+
+def test_layer_ladder_sizes() -> None:
+    # The least size on the ladder 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ... that holds
+    # the items at the rate; the rounding up becomes capacity.
+    shape = BloomShape.for_layer(16, 0.001)  # needs 231 bits
+    assert shape == BloomShape(bit_count=256, hash_count=10, expected_items=17)
+    assert BloomShape.for_layer(125, 0.001).bit_count == 2048  # needs 1798 > 7 × 256
+    assert BloomShape.for_layer(100, 0.001).bit_count == 1536  # needs 1438 <= 6 × 256
+    assert BloomShape.for_layer(10_000, 0.001, max_items=10_000).expected_items == 10_000
+    assert BloomShape.for_layer(1, 0.5) == BloomShape(bit_count=2, hash_count=1, expected_items=1)
+    for items in range(1, 3000):
+        shape = BloomShape.for_layer(items, 0.001)
+        needed = math.ceil(items * bits_per_item(0.001))
+        assert shape.is_universal
+        assert needed <= shape.bit_count <= max(4, needed * 5 // 4 + 1)
+        assert shape.expected_items >= items
+    with pytest.raises(ValueError):
+        BloomShape.for_layer(0, 0.001)
+    with pytest.raises(ValueError):
+        BloomShape.for_layer(400_000_000, 0.001)  # more than 2**32 bits
+    assert hash_count_for(0.001) == 10 and hash_count_for(0.01) == 7 and hash_count_for(0.6) == 1
+    assert not BloomShape.for_capacity(1000, 0.001).is_universal  # 14 378 = 2·7·13·79
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    pid=PIDS,
+    bits=st.sampled_from(
+        [c << j for c in (1, 3, 5, 7, 15, 21, 35, 105) for j in range(33) if c << j <= 2**32]
+    ),
+    hashes=st.integers(1, 16),
+)
+def test_universal_positions_serve_every_divisor(pid: int, bits: int, hashes: int) -> None:
+    """For m dividing 105·2**32, bloom_positions is universal_positions mod m: the persisted
+    positions of a layer do not depend on how they were computed."""
+    shape = BloomShape(bit_count=bits, hash_count=hashes, expected_items=1)
+    assert UNIVERSAL_MODULUS % bits == 0 and shape.is_universal
+    universal = universal_positions(pid, 16)
+    assert bloom_positions(pid, shape) == tuple(u % bits for u in universal[:hashes])
+    assert universal_positions(pid, hashes) == universal[:hashes]

@@ -42,8 +42,10 @@ def test_at_start_six_old_producers_pass_free_and_new_ones_are_held_to_the_quota
     for pid in range(100, 106):  # six producers allocated before the probe
         decision = manager.admit(USER, [pid], T0 + 10)
         assert decision == Admitted((), 0, grandfathered_producer_ids=(pid,))
-    # They stay known after the grace period: still no tokens.
-    assert manager.admit(USER, [100], T0 + 5_000) == Admitted((), 1)
+    # They stay known after the grace period: still no tokens (touched while their layer is
+    # under half a window old, re-added after that).
+    assert manager.admit(USER, [100], T0 + 5_000) == Admitted((), 0)
+    assert manager.admit(USER, [100], T0 + 6_000) == Admitted((), 1)
     # A storm of PIDs allocated after the probe: exactly the quota's 2, then rejections.
     decisions = [manager.admit(USER, [1000 + i], T0 + 20) for i in range(5)]
     assert [type(d) for d in decisions] == [Admitted, Admitted, Rejected, Rejected, Rejected]

@@ -50,9 +50,11 @@ def test_all_known_admitted_with_empty_bucket() -> None:
     m.admit(ALICE, [1, 2], 0)
     assert m.admit(ALICE, [3], 0) == Rejected(W // 2, (3,))
     assert m.admit(ALICE, [1, 2, 1], 0) == Admitted((), 0)
-    # A later layer: known PIDs are re-added to it (refreshed), still free.
-    assert m.admit(ALICE, [2, 1], 1500) == Admitted((), 2)
-    assert m.admit(ALICE, [1, 2], 1600) == Admitted((), 0)
+    # In a later span their layer is still fresh (under half a window old): touched, free.
+    assert m.admit(ALICE, [2, 1], 1500) == Admitted((), 0)
+    # Half a window after it started, they are re-added to the newest layer, still free.
+    assert m.admit(ALICE, [2, 1], W // 2) == Admitted((), 2)
+    assert m.admit(ALICE, [1, 2], W // 2 + 100) == Admitted((), 0)
 
 
 def test_mixed_known_and_unknown() -> None:
@@ -197,16 +199,21 @@ def test_eviction_of_idlest_principal_counted() -> None:
     assert m.evicted_principal_count == 2  # a went, being idlest now
 
 
+#: The smallest layer at p = 0.001: min_layer_items (16) items need 231 bits, rounded up to a
+#: power of two: 256 bits, which hold 17 items.
+SMALLEST = 256
+
+
 def test_eviction_by_total_bits() -> None:
-    m = manager(rate=5, max_total_bits=3 * 14_378)  # three layers of 1000 items at p=0.001
+    m = manager(rate=5, max_total_bits=3 * SMALLEST)  # three of the smallest layers
     for i, name in enumerate(["User:a", "User:b", "User:c"]):
         m.admit(name, [1], i)
-    assert m.total_bits == 3 * 14_378
+    assert m.total_bits == 3 * SMALLEST
     assert m.evicted_principal_count == 0
     m.admit("User:a", [2], 2000)  # a rolls a second layer: b is idlest and goes
     assert m.evicted_principal_count == 1
     assert {s.principal for s in m.snapshot(2000)} == {"User:a", "User:c"}
-    assert m.total_bits == 3 * 14_378
+    assert m.total_bits == 3 * SMALLEST
 
 
 def test_snapshot() -> None:
@@ -217,8 +224,8 @@ def test_snapshot() -> None:
     assert state.producer_ids_rate == 4
     assert state.tokens == 3.0
     assert state.layer_count == 1
-    assert state.bits == 14_378
-    assert 0.0 < state.estimated_false_positive_rate < 1e-12
+    assert state.bits == SMALLEST
+    assert 0.0 < state.estimated_false_positive_rate < 1e-9
 
 
 def test_known_pid_renewed_even_when_request_rolls_a_layer() -> None:
@@ -241,3 +248,34 @@ def test_rejected_request_does_not_refresh_known_pids() -> None:
     assert m.admit(ALICE, [1, 2], 1500) == Rejected(W - 1500, (2,))
     assert m.snapshot(1500)[0].layer_count == 1
     assert not m.is_known(ALICE, 1, W)
+
+
+def test_location_cache_skips_a_pid_added_after_a_roll_in_its_request() -> None:
+    """A PID added after a layer rolled within the same request may already be a false positive
+    of the layer that rolled, which a scan finds first (it names the oldest fresh layer). So it
+    must not be cached at the layer it was written to: both managers, one whose cache is emptied
+    before each request, touch the same layers."""
+    p = replace(
+        QuotaPolicy(window_ms=W, window_num=10, default_producer_ids_rate=100),
+        false_positive_rate=0.3,
+        min_layer_items=3,
+        max_layer_items=3,
+    )
+    one, three = QuotaManager(p), QuotaManager(p)
+    one.admit(ALICE, [1], 0)
+    three.admit(ALICE, [1, 2, 3], 0)
+    # Absent from a layer holding 1, a false positive of one holding 1, 2 and 3.
+    fp = next(
+        pid
+        for pid in range(100, 10_000)
+        if three.is_known(ALICE, pid, 0) and not one.is_known(ALICE, pid, 0)
+    )
+    cached, uncached = QuotaManager(p), QuotaManager(p)
+    for m in (cached, uncached):
+        m.admit(ALICE, [1], 0)
+        # 2 and 3 fill the layer, fp rolls a new one (and was already "in" the full one).
+        assert m.admit(ALICE, [2, 3, fp], 10) == Admitted((2, 3, fp), 0)
+        assert m.snapshot(10)[0].layer_count == 2
+    uncached._positions_cache.clear()
+    assert cached.admit(ALICE, [fp], 3000) == uncached.admit(ALICE, [fp], 3000)
+    assert cached.export() == uncached.export()

@@ -3,6 +3,7 @@ bound over any arrival sequence, and the memory caps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 from hypothesis import given, settings
@@ -159,3 +160,38 @@ def test_memory_caps_hold(
         evicted = m.evicted_principal_count
     m.expire(now)
     assert m.total_bits == sum(s.bits for s in m.snapshot(now))
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    requests=st.lists(
+        st.tuples(st.integers(0, 400), st.integers(0, 2), st.lists(st.integers(0, 25), max_size=4)),
+        min_size=1,
+        max_size=120,
+    ),
+    rate=st.integers(0, 8),
+    window_num=st.integers(1, 11),
+    false_positive_rate=st.sampled_from([0.001, 0.3]),
+)
+def test_location_cache_never_changes_a_decision(
+    requests: list[tuple[int, int, list[int]]],
+    rate: int,
+    window_num: int,
+    false_positive_rate: float,
+) -> None:
+    """(6) The manager's location cache (where a PID was last found) is only a shortcut: a
+    manager whose cache is emptied before every request decides exactly the same, and ends in
+    the same state (tiny layers, at p = 0.3 too, so false positives and saturation rolls are
+    frequent)."""
+    p = replace(policy(rate, window_num), false_positive_rate=false_positive_rate)
+    cached = QuotaManager(p)
+    uncached = QuotaManager(p)
+    now = 0
+    for delta, who, pids in requests:
+        now += delta
+        uncached._positions_cache.clear()
+        assert cached.admit(f"User:{who}", pids, now) == uncached.admit(f"User:{who}", pids, now)
+        if delta % 5 == 0:
+            cached.expire(now)
+            uncached.expire(now)
+    assert [r.layers for r in cached.export()] == [r.layers for r in uncached.export()]

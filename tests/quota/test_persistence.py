@@ -3,6 +3,7 @@ known), saved state is fitted to the current policy, and no corruption loads sil
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import struct
 import zlib
@@ -17,10 +18,10 @@ from pidgate.quota import (
     BloomFilter,
     BloomShape,
     LayeredBloomFilter,
+    LayerPlan,
     QuotaManager,
     QuotaPolicy,
     Rejected,
-    bloom_positions,
 )
 from pidgate.quota.layered import LayerState
 from pidgate.quota.manager import PrincipalRecord
@@ -180,7 +181,7 @@ def test_lower_rate_clamps_tokens() -> None:
     restored, _ = load_state(dump_state(m, T0), policy(default_producer_ids_rate=3), T0)
     assert restored.snapshot(T0)[0].tokens == 3
     assert restored.snapshot(T0)[0].producer_ids_rate == 3
-    assert restored.is_known("User:alice", 1, T0)  # shape (1000-item layers) unchanged
+    assert restored.is_known("User:alice", 1, T0)  # layers kept as they were
 
 
 def test_principal_that_became_unlimited_is_dropped() -> None:
@@ -203,14 +204,23 @@ def test_changed_false_positive_rate_keeps_the_saved_shape_and_known_pids() -> N
     assert restored.is_known("User:alice", 1, T0 + 2000)
     # ... and the principal is still throttled for new ones.
     assert restored.admit("User:alice", [6], T0 + 2000) == rejected
-    assert restored.snapshot(T0 + 2000)[0].bits == BloomShape.for_capacity(1000, 0.001).bit_count
+    (saved,) = m.export()[0].layers
+    assert restored.snapshot(T0 + 2000)[0].bits == saved.shape.bit_count
+    # New writes go to a new layer in the new shape (k = 7 at p = 0.01), never the old one.
+    assert restored.admit("User:alice", [6], T0 + 12_000) == Admitted((6,), 0)
+    old, new = restored.export()[0].layers
+    assert old == saved
+    assert new.shape.hash_count == 7 and saved.shape.hash_count == 10
 
 
-def test_changed_layer_size_is_reported() -> None:
+def test_changed_layer_size_keeps_layers_as_they_are() -> None:
     m, _ = throttled_manager()
-    p = policy(min_layer_items=500)
-    _, report = load_state(dump_state(m, T0 + 2000), p, T0 + 2000)
-    assert report.principals_reshaped == 1
+    restored, report = load_state(dump_state(m, T0 + 2000), policy(min_layer_items=500), T0 + 2000)
+    # Sizes are per layer: a new minimum applies to the next layer, saved ones are not foreign.
+    assert report.principals_reshaped == 0
+    assert restored.export()[0].layers == m.export()[0].layers
+    assert restored.admit("User:alice", [6], T0 + 12_000) == Admitted((6,), 0)
+    assert restored.export()[0].layers[-1].shape.expected_items >= 500
 
 
 def test_changed_window_rescales_the_bucket() -> None:
@@ -285,8 +295,8 @@ def test_overrides_are_an_immutable_validated_mapping() -> None:
 @pytest.mark.parametrize(
     ("rate", "pids"),
     [
-        (5, 3),  # 14 378-bit layers, sparse u16
-        (10_000, 3),  # 143 776-bit layers, sparse u32
+        (5, 3),  # 256-bit layers, sparse u16
+        (100_000, 6000),  # 131 072-bit layers, sparse u32
         (10_000, 5000),  # dense, raw bytes
         (1, 1),
     ],
@@ -307,8 +317,8 @@ def test_size_is_compact() -> None:
     for i in range(200):
         m.admit(f"User:user-{i}", list(range(i * 10, i * 10 + 10)), T0 + i)
     data = dump_state(m, T0 + 200)
-    # ~1800 bytes of bits per principal in memory, 100 of them set.
-    assert len(data) < 200 * 200
+    # 512 bits (64 bytes) per principal in memory, ~100 of them set.
+    assert len(data) < 200 * 100
 
 
 def test_names_round_trip_whatever_they_contain() -> None:
@@ -388,10 +398,10 @@ def test_intact_envelope_around_inconsistent_content_is_detected() -> None:
 
 def test_inconsistent_records_are_detected() -> None:
     shape = BloomShape.for_capacity(1000, 0.001)
-    good = LayerState(T0, T0, 1, bytes((shape.bit_count + 7) // 8))
+    good = LayerState(shape, T0, T0, 1, bytes((shape.bit_count + 7) // 8))
     bad_layers = [
-        (replace(good, last_write_ms=T0 + 5), good),  # last writes decrease
         (replace(good, bits=b"\xff" * len(good.bits)),),  # pad bits set
+        (good, replace(good, bits=b"\xff" * len(good.bits))),
     ]
     for layers in bad_layers:
         m, _ = throttled_manager()
@@ -434,21 +444,28 @@ def test_bloom_filter_bytes_round_trip_and_validation() -> None:
 
 
 def test_layered_filter_export_restore() -> None:
-    shape = BloomShape.for_capacity(1000, 0.001)
-    f = LayeredBloomFilter(shape, W, 6)
-    f.add(bloom_positions(1, shape), T0)
-    f.add(bloom_positions(2, shape), T0 + 20_000)
-    g = LayeredBloomFilter(shape, W, 6)
+    plan = LayerPlan(W, 6)
+    f = LayeredBloomFilter(plan)
+    f.add(f.positions(1), T0)
+    f.add(f.positions(2), T0 + 20_000)
+    f.touch(0, T0 + 25_000)  # the older layer's last write is now the later one: allowed
+    g = LayeredBloomFilter(plan)
     g.restore(f.export_layers())
     assert g.export_layers() == f.export_layers()
     assert g.layer_count == 2
-    assert g.contains(bloom_positions(1, shape), T0 + 20_000)
+    assert g.contains(1, T0 + 20_000)
     # Restored layers are independent copies.
-    g.add(bloom_positions(3, shape), T0 + 20_001)
-    assert not f.contains(bloom_positions(3, shape), T0 + 20_001)
+    g.add(g.positions(3), T0 + 20_001)
+    assert not f.contains(3, T0 + 20_001)
     # A failed restore changes nothing.
-    with pytest.raises(ValueError):
-        g.restore([*f.export_layers(), LayerState(T0, T0, 0, b"")])
+    shape = f.export_layers()[0].shape
+    for bad in (
+        LayerState(shape, T0, T0, 0, b""),  # too few bytes
+        LayerState(shape, T0 + 1, T0, 0, bytes(shape.bit_count // 8)),  # starts after last write
+        LayerState(shape, T0, T0, -1, bytes(shape.bit_count // 8)),
+    ):
+        with pytest.raises(ValueError):
+            g.restore([*f.export_layers(), bad])
     assert g.layer_count == 2
 
 
@@ -520,3 +537,59 @@ def test_restart_changes_no_decision(
     for delta, principal, pids in after:
         now += delta
         assert restored.admit(principal, pids, now) == original.admit(principal, pids, now)
+
+
+# -- state format 2 (one Bloom shape per principal) still loads ----------------------------------
+
+#: Saved by pidgate before format 3 (layers of 1000 items, 14 378 bits, for every principal):
+#: policy window 60 s in 6 layers, rate 5, enforcement begun at T0 with frontier 1000. alice:
+#: PIDs 1-5 grandfathered at T0 (+1 s), 2000 new at T0 + 20 s, 1 refreshed at T0 + 20.001 s,
+#: 2001 new at T0 + 30 s (three layers); bob: 2100-2103 new at T0 + 30 s. Dumped at T0 + 30 s.
+FORMAT_2_STATE = base64.b64decode(
+    "UElER1NUQVQAAgAAAAAAAAAAAX8AAAAAAAABTXicZZBLKERhFMf/53z3ftdcNVMa7C28FtIYC4rRDDUxxiTTJOVx"
+    "uaGmZho7WQzJShIWisXksSGUhYUssFBiYcqC3SwsZjkLC4+SO4+FUqfO6XQ6v985mffTn08DXBaeMxPtRsxQM88i"
+    "H4X+UVzPalSsoVD9BkJ0SwmY1KHckweL2OdquJVhjKAJo4BIU4hb0IdNpOmGpoUdzVSuVOKM/aglJ77RKXQOYAxe"
+    "GgQlU8fW6vXgk0PGEzHDnNILHhPR2Ukzb5Jbtv8xEcXxrKaSa4WdWhg+fGGba7gRLrRBRyu64bfwNisrqIIbEdqh"
+    "IQzQGhZoCb3I4ZDfhBcz3EUVMOicHtCAAK/iA1EkaYvmLVFBDjqg65cTC0dMzgs1Il9FkeIpMfoRtOo7NYU91Sd7"
+    "pF8GZOlVRPqj6uWYFuFx7cp2qUne1er4/7m/bEhzL7pq1Dc="
+)
+
+
+def test_format_2_state_loads_and_keeps_every_pid_known() -> None:
+    assert FORMAT_2_STATE[8:10] == b"\x00\x02"
+    now = T0 + 30_000
+    restored, report = load_state(FORMAT_2_STATE, policy(), now)
+    assert (report.principals_restored, report.layers_restored) == (2, 4)
+    # Every layer is in the old shape: read as saved, never written again.
+    assert (report.principals_reshaped, report.layers_reshaped) == (2, 4)
+    for principal, pids in (("User:alice", [1, 2, 3, 4, 5, 2000, 2001]), ("User:bob", [2100])):
+        assert all(restored.is_known(principal, pid, now) for pid in pids)
+    assert not restored.is_known("User:alice", 6, now)
+    (alice,) = (s for s in restored.snapshot(now) if s.principal == "User:alice")
+    assert alice.frontier == 1000 and alice.bits == 3 * 14_378
+    # 2000's layer (started at T0 + 20 s) is still fresh: touched, free.
+    assert restored.admit("User:alice", [2000], T0 + 35_000) == Admitted((), 0)
+    # 3 is only in the first layer (T0), no longer fresh: refreshed into a new, power-of-two
+    # layer; the newest old-shape layer (T0 + 30 s, still current) is not written.
+    assert restored.admit("User:alice", [3], T0 + 35_000) == Admitted((), 1)
+    layers = next(r for r in restored.export() if r.principal == "User:alice").layers
+    assert [layer.shape.bit_count for layer in layers] == [14_378, 14_378, 14_378, 256]
+    # Saved again, it is a format-3 state that loads to the same decisions.
+    again = dump_state(restored, T0 + 35_000)
+    assert again[8:10] == FORMAT_VERSION.to_bytes(2, "big") == b"\x00\x03"
+    reloaded, _ = load_state(again, policy(), T0 + 35_000)
+    assert [r.layers for r in reloaded.export()] == [r.layers for r in restored.export()]
+    for pid in (1, 2, 3, 4, 5, 2000, 2001):
+        assert reloaded.admit("User:alice", [pid], T0 + 50_000) == restored.admit(
+            "User:alice", [pid], T0 + 50_000
+        )
+
+
+def test_format_2_bodies_are_checked_like_format_3() -> None:
+    body = body_of(FORMAT_2_STATE)
+    assert decode_state(rewrap(body, version=2)).principals
+    for n in range(0, len(body), 7):
+        with pytest.raises(StateFormatError):
+            load_state(rewrap(body[:n], version=2), policy(), T0)
+    with pytest.raises(StateFormatError):
+        load_state(rewrap(body, version=3), policy(), T0)  # a v2 body read as v3

@@ -66,8 +66,7 @@ def test_validation(kwargs: dict[str, Any], message: str) -> None:
         QuotaPolicy(**kwargs)
 
 
-def test_layer_items_clamped() -> None:
-    policy = QuotaPolicy(min_layer_items=100, max_layer_items=10_000)
-    assert policy.layer_items_for(0) == 100
-    assert policy.layer_items_for(500) == 500
-    assert policy.layer_items_for(10**9) == 10_000
+def test_max_layer_items_must_fit_the_state_format() -> None:
+    with pytest.raises(ValueError, match="2\\*\\*32 bits"):
+        QuotaPolicy(max_layer_items=400_000_000)  # 14.4 bits each at p = 0.001: > 2**32 bits
+    QuotaPolicy(max_layer_items=100_000_000)

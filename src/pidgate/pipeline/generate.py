@@ -177,8 +177,10 @@ class _Simulation:
     # -- output ---------------------------------------------------------------------------
 
     def emit(self, inst: _Instance, record: dict[str, Any]) -> None:
-        inst.writer.write(json.dumps(record, separators=(",", ":")))
         stats = self.stats
+        if stats.events >= self.cfg.events:
+            return  # one step can emit several events: stop at exactly the count asked for
+        inst.writer.write(json.dumps(record, separators=(",", ":")))
         if stats.events == 0:
             stats.first_ts_ms = record["ts_ms"]
         stats.first_ts_ms = min(stats.first_ts_ms, record["ts_ms"])

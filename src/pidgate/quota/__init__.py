@@ -6,14 +6,15 @@ Time is always a parameter (``now_ms``); nothing here reads a clock.
 Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or
 ``pidgate.protocol`` / ``pidgate.proxy`` / ``pidgate.config``.
 
-Modules: ``bloom`` (shape, positions, one filter), ``layered`` (time layers of one principal),
+Modules: ``bloom`` (shapes, positions, one filter), ``layered`` (time layers of one principal:
+refresh rule, sizing, expiry and the bounds they give),
 ``bucket`` (exact token bucket), ``policy`` (validated QuotaPolicy), ``manager`` (admission),
 ``persistence`` (the state and quota overrides as versioned bytes).
 """
 
-from .bloom import BloomFilter, BloomShape, bloom_positions
+from .bloom import BloomFilter, BloomShape, bloom_positions, universal_positions
 from .bucket import TokenBucket
-from .layered import LayeredBloomFilter
+from .layered import LayeredBloomFilter, LayerPlan
 from .manager import Admitted, Decision, PrincipalRecord, PrincipalState, QuotaManager, Rejected
 from .persistence import (
     LoadReport,
@@ -30,6 +31,7 @@ __all__ = [
     "BloomFilter",
     "BloomShape",
     "Decision",
+    "LayerPlan",
     "LayeredBloomFilter",
     "LoadReport",
     "PrincipalRecord",
@@ -44,5 +46,6 @@ __all__ = [
     "bloom_positions",
     "dump_state",
     "load_state",
+    "universal_positions",
     "user_name",
 ]

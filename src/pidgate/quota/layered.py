@@ -1,145 +1,318 @@
 """The time-layered Bloom filter that remembers one principal's producer IDs for a window.
 
-Owns KIP-936's "seen PIDs" cache: ``window_num`` time layers spanning ``window_ms``, new layers
-started by time or by saturation, old layers dropped, active PIDs refreshed into the newest
-layer. All layers share one :class:`BloomShape`, so a PID's positions are computed once and
-tested against every layer.
+Owns KIP-936's "seen PIDs" cache of one principal: time layers (a new one every
+``window_ms / window_num``, or earlier when the newest is saturated), each sized to what the
+principal writes, the refresh rule that keeps active PIDs known, and expiry. Everything a
+principal holds lives in two buffers (one bitarray with every layer's bits end to end, one
+``array('q')`` with six integers per layer), because at 10k principals × ~15 layers even
+~250 B of Python objects per layer would cost more than the bits (issue #12 "lean").
 
 Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
-pidgate package. Time is the ``now_ms`` parameter.
+pidgate package. Time is the ``now_ms`` parameter; the bounds below assume callers pass one
+clock that does not run backwards (a clock that steps back delays expiry, never loses a PID).
 
-Rules (and the guarantee they give):
+Rules
+-----
 
-* The *newest* layer is the only one written. It is *current* while
-  ``now_ms - start_ms < window_ms / window_num``; a write at a later time, or a write when the
-  newest layer is saturated, starts a new layer whose ``start_ms`` is that write's time.
-  Layers are started lazily, so an idle principal costs no new layers.
-* Every layer records ``last_write_ms``: the latest time a PID was added to it, or found in it
-  while it was current (a *touch*, see :meth:`LayeredBloomFilter.touch`).
-* A layer is dropped when ``last_write_ms + window_ms <= now_ms``. We key expiry on the last
-  write, not on ``start_ms`` as KIP-936's sketch does, because ``start_ms + window_ms`` would drop
-  a PID added late in a layer's span before its window is over. With this rule a PID added or
-  refreshed at ``t`` is found at every ``t' < t + window_ms`` (no false negatives inside the
-  window), and one that stops producing is forgotten between ``t_last + window_ms`` and
-  ``t_last + window_ms + window_ms/window_num``. At most about ``window_num + 1`` layers are alive
-  by time, more only while saturation rolls layers early.
-* ``last_write_ms`` is non-decreasing from oldest to newest layer (a layer is written only while
-  newest), so expiry pops from the front and lookups, newest first, stop at the first dead layer.
+Let W = ``window_ms``, N = ``window_num``, S = W / N (a layer's span) and H the *fresh
+horizon*: a layer is **fresh** at ``now`` while ``now - start_ms < W / 2`` (``< W`` when N = 1,
+where a layer stays current a whole window), so H = ⌊(W − 1) / 2⌋ (W − 1 when N = 1) is the
+latest age at which a layer is fresh. Since S <= W / 2 for N >= 2, every current layer is fresh.
+
+* Only the newest layer is written. It is *current* while ``now - start_ms < S``; a write at a
+  later time, or when it is saturated, starts a new layer at that write's time (lazily: an
+  idle principal costs no layers). New layers are sized from the principal's recent writes
+  (see :meth:`LayeredBloomFilter._next_shape`), with a bit count from a ladder of sizes that
+  lets one hash of a PID serve every layer (:func:`pidgate.quota.bloom.universal_positions`).
+* Every layer records ``last_write_ms``: the latest time a PID was added to it or *touched*
+  in it. A layer is dead, ignored by lookups and dropped by :meth:`expire`, once
+  ``last_write_ms + W <= now``. Dead layers may sit anywhere in the list, not only in front
+  (touches, below, renew older layers), so lookups check every layer.
+* When a PID is seen (admitted, or learnt from the fleet) at ``now``: if a fresh live layer
+  holds it, the oldest such layer is *touched* (``last_write_ms = now``); otherwise it is
+  *refreshed*: added to the newest layer (``refreshed_count``). A steady producer is thus
+  re-added about once per half window, not once per layer span as before (KIP-936's sketch
+  re-adds into every layer): each active PID has about three copies alive instead of
+  ``window_num + 1``. The oldest fresh layer is the one touched so that the manager's location
+  cache (:mod:`pidgate.quota.manager`) can skip the scan and still give the same answer.
+
+Guarantees (tests/quota/test_layered.py checks both with random timings):
+
+* **No false negatives inside the window.** A PID seen at ``t`` is found at every
+  ``t' < t + W``. Proof: at ``t`` either a live layer L holding its bits was touched, so
+  ``L.last_write_ms >= t`` and L lives until at least ``t + W``; or it was added to a layer
+  whose ``last_write_ms`` became ``>= t``. Bits are never cleared while a layer lives, so that
+  layer holds the PID at every ``t' < t + W``.
+* **Forgotten within W + H after the last sighting.** A PID last seen at ``t_last`` is held by
+  no live layer (only a false positive can find it) from ``t_last + W + H`` on: below W + W/2
+  (below 2W when N = 1). Proof: a layer L that holds the PID got it at some time >= its
+  ``start_ms``, so ``L.start_ms <= t_last``. L's ``last_write_ms`` only moves on an add (while
+  L is current: ``now - start_ms < S``, so ``now <= start_ms + H``) or a touch (while L is
+  fresh: ``now <= start_ms + H``); so ``L.last_write_ms <= start_ms + H <= t_last + H`` and L is
+  dead from ``t_last + H + W`` on. The old bound was W + S; the extra W/2 − S is the price of
+  re-adding active PIDs once per half window instead of once per span.
+
+Memory: live layers started at most W + H before ``now`` by the proof above, so by time at most
+about ``(W + H) / S + 1`` = 1.5·N + 1 layers are alive (18 at N = 11), plus layers rolled early
+by saturation; but a steady producer has only ~3 copies among them, and quiet spans make no
+layer.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .bloom import BloomFilter, BloomShape
+from bitarray import bitarray
+from bitarray.util import zeros
 
-__all__ = ["ABSENT", "IN_CURRENT", "IN_OLDER", "LayerState", "LayeredBloomFilter"]
+from .bloom import (
+    UNIVERSAL_MODULUS,
+    BloomShape,
+    bloom_positions,
+    hash_count_for,
+    universal_positions,
+)
 
-# Results of LayeredBloomFilter.lookup().
-ABSENT = -1
-IN_CURRENT = 0  # present in the newest layer, which is still current: a touch refreshes it
-IN_OLDER = 1  # present only in an older (or no longer current) layer: refresh must re-add
+__all__ = ["ABSENT", "STALE", "LayerPlan", "LayerState", "LayeredBloomFilter"]
+
+# Results of LayeredBloomFilter.find() that are not a layer's serial number (those are >= 0).
+ABSENT = -1  # no live layer holds the PID
+STALE = -2  # only layers that are no longer fresh hold it: refresh it into the newest layer
+
+# One row of LayeredBloomFilter._meta per layer, oldest first.
+_START, _LAST, _INSERTED, _CAPACITY, _BITS, _HASHES = range(6)
+_STRIDE = 6
+#: _LAST of a dropped layer whose row is still in the middle of the list: dead at any time.
+_GONE = -(2**62)
+#: "Check expiry again at": never (no live layer) / at once (after a restore or reconfigure).
+_NEVER = 2**62
+_AT_ONCE = -(2**62)
+#: Identity of a filter's current layers, for the manager's location cache.
+_uids = itertools.count(1)
+#: Headroom of a new layer over the most items a recent layer took (numerator / 4).
+_HEADROOM_QUARTERS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlan:
+    """What a principal's layers follow: the window and how new layers are sized. One plan is
+    shared by every principal of a manager (a per-principal copy would cost memory)."""
+
+    window_ms: int
+    window_num: int
+    false_positive_rate: float = 0.001
+    #: Smallest capacity of a new layer, in items.
+    min_layer_items: int = 16
+    #: Largest capacity of a new layer, in items; a principal that writes more rolls early.
+    max_layer_items: int = 1_000_000
+    #: k of new layers (from the false-positive rate).
+    hash_count: int = field(init=False)
+    #: Fresh while (now - start) * fresh_divisor < window_ms: 2 (half a window), 1 if N = 1.
+    fresh_divisor: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.window_num < 1:
+            raise ValueError(f"window_num must be >= 1, got {self.window_num}")
+        if self.window_ms < self.window_num:
+            raise ValueError(
+                f"window_ms ({self.window_ms}) must be >= window_num ({self.window_num})"
+            )
+        if self.min_layer_items < 1 or self.max_layer_items < self.min_layer_items:
+            raise ValueError(
+                f"need 1 <= min_layer_items ({self.min_layer_items}) <= "
+                f"max_layer_items ({self.max_layer_items})"
+            )
+        object.__setattr__(self, "hash_count", hash_count_for(self.false_positive_rate))
+        object.__setattr__(self, "fresh_divisor", min(2, self.window_num))
+
+    @property
+    def fresh_horizon_ms(self) -> int:
+        """H: the latest age (ms since its start) at which a layer is still fresh."""
+        return (self.window_ms - 1) // self.fresh_divisor
+
+    def shape_for(self, items: int) -> BloomShape:
+        """The shape of a new layer meant to hold ``items`` (clamped to [min_layer_items,
+        max_layer_items]): :meth:`BloomShape.for_layer`."""
+        items = min(self.max_layer_items, max(self.min_layer_items, items))
+        return BloomShape.for_layer(items, self.false_positive_rate, self.max_layer_items)
 
 
 @dataclass(frozen=True, slots=True)
 class LayerState:
-    """One layer as plain data, for persistence: its times, ``inserted_count`` and its bits in
-    :meth:`BloomFilter.to_bytes` form."""
+    """One layer as plain data, for persistence: its shape, times, ``inserted_count`` and its
+    bits in :meth:`pidgate.quota.bloom.BloomFilter.to_bytes` form."""
 
+    shape: BloomShape
     start_ms: int
     last_write_ms: int
     inserted_count: int
     bits: bytes
 
 
-class _Layer:
-    __slots__ = ("bloom", "last_write_ms", "start_ms")
-
-    def __init__(self, shape: BloomShape, now_ms: int) -> None:
-        self.bloom = BloomFilter(shape)
-        self.start_ms = now_ms
-        self.last_write_ms = now_ms
-
-
 class LayeredBloomFilter:
-    """Seen-PID cache of one principal; see the module docstring for the exact rules."""
+    """Seen-PID cache of one principal; see the module docstring for the exact rules.
 
-    __slots__ = ("_layers", "shape", "window_ms", "window_num")
+    Layers are addressed by a *serial* number, increasing from oldest to newest and never
+    reused by this filter; ``uid`` changes whenever the layers are replaced
+    (:meth:`restore`) or their rules change (:meth:`reconfigure`), so a (``uid``, serial) pair
+    names one layer for the filter's whole life.
+    """
 
-    def __init__(self, shape: BloomShape, window_ms: int, window_num: int) -> None:
-        if window_num < 1:
-            raise ValueError(f"window_num must be >= 1, got {window_num}")
-        if window_ms < window_num:
-            raise ValueError(f"window_ms ({window_ms}) must be >= window_num ({window_num})")
-        self.shape = shape
-        self.window_ms = window_ms
-        self.window_num = window_num
-        self._layers: list[_Layer] = []  # oldest first
+    __slots__ = (
+        "_bits",
+        "_first",
+        "_max_hashes",
+        "_meta",
+        "_restored",
+        "next_check_ms",
+        "plan",
+        "uid",
+    )
+
+    def __init__(self, plan: LayerPlan) -> None:
+        self.plan = plan
+        self.uid = next(_uids)
+        # Every layer's bits, oldest first, end to end (a layer's offset is the sum of the
+        # bit counts before it; dropped layers take no bits).
+        self._bits = bitarray(0, endian="big")
+        self._meta = array("q")  # _STRIDE integers per layer, oldest first
+        self._first = 0  # serial of the first row of _meta
+        # k of universal_positions(): enough for every layer on the ladder held.
+        self._max_hashes = plan.hash_count
+        # Whether a layer off the ladder was restored (find() then checks each layer's size).
+        self._restored = False
+        #: No layer can die before this time: admit() calls expire() only from then on.
+        self.next_check_ms = _NEVER
 
     # -- queries ---------------------------------------------------------------------------
 
     @property
     def layer_count(self) -> int:
-        return len(self._layers)
+        """Layers held (dead ones that :meth:`expire` has not dropped yet included)."""
+        meta = self._meta
+        return sum(1 for base in range(0, len(meta), _STRIDE) if meta[base + _BITS])
 
     @property
     def total_bits(self) -> int:
-        return len(self._layers) * self.shape.bit_count
+        return len(self._bits)
 
     @property
     def is_empty(self) -> bool:
-        return not self._layers
+        return not self._bits
 
-    def _is_current(self, layer: _Layer, now_ms: int) -> bool:
-        # now - start < window / num, in integers: (now - start) * num < window.
-        return (now_ms - layer.start_ms) * self.window_num < self.window_ms
+    def positions(self, producer_id: int) -> tuple[int, ...]:
+        """The PID's universal positions (:func:`universal_positions`), long enough for every
+        layer on the ladder this filter holds; :meth:`find` and :meth:`add` take them."""
+        return universal_positions(producer_id, self._max_hashes)
 
-    def lookup(self, positions: tuple[int, ...], now_ms: int) -> int:
-        """Where the PID with ``positions`` lives: ABSENT, IN_CURRENT or IN_OLDER.
+    def _holds_restored(self, base: int, offset: int, producer_id: int) -> bool:
+        """Whether a layer in a shape off the ladder (restored from a state saved before
+        format 3, never written again) holds the PID."""
+        meta = self._meta
+        bits = self._bits
+        shape = BloomShape(meta[base + _BITS], meta[base + _HASHES], meta[base + _CAPACITY])
+        for i in bloom_positions(producer_id, shape):  # noqa: SIM110
+            if not bits[offset + i]:
+                return False
+        return True
 
-        Newest layer first (active producers hit it at once); dead layers that expire() has not
-        removed yet are ignored, so the answer never depends on when expire() last ran.
+    def find(self, producer_id: int, positions: tuple[int, ...], now_ms: int) -> int:
+        """Where the PID is: the serial of the *oldest fresh* live layer that holds it, else
+        STALE if a live layer that is not fresh holds it, else ABSENT.
+
+        ``positions``: :meth:`positions` of ``producer_id``. One pass, newest layer first: the
+        fresh layers come first (an active PID lives there), and the scan stops at the first
+        layer that is not fresh once a fresh one held the PID, or at the first older layer that
+        holds it. Dead layers are ignored wherever they are, so the answer never depends on
+        when :meth:`expire` last ran. Hot for new PIDs (every layer is tested), hence inlined.
         """
-        layers = self._layers
-        if not layers:
-            return ABSENT
-        newest = layers[-1]
-        if newest.last_write_ms + self.window_ms <= now_ms:
-            return ABSENT  # every layer is dead
-        if newest.bloom.contains(positions):
-            return IN_CURRENT if self._is_current(newest, now_ms) else IN_OLDER
-        dead_before = now_ms - self.window_ms
-        for idx in range(len(layers) - 2, -1, -1):
-            layer = layers[idx]
-            if layer.last_write_ms <= dead_before:
-                break  # this and every older layer is dead
-            if layer.bloom.contains(positions):
-                return IN_OLDER
-        return ABSENT
+        meta = self._meta
+        bits = self._bits
+        plan = self.plan
+        window_ms = plan.window_ms
+        # Fresh while (now - start) * divisor < window, i.e. start > fresh_after.
+        fresh_after = now_ms - -(-window_ms // plan.fresh_divisor)
+        dead_before = now_ms - window_ms
+        first = positions[0]
+        all_hashes = len(positions)
+        modulus = UNIVERSAL_MODULUS
+        offset = len(bits)
+        found = ABSENT
+        fresh = True
+        restored = self._restored
+        # Row fields by literal offset (_START 0, _LAST 1, _BITS 4, _HASHES 5): this loop
+        # runs once per layer for every PID that is not in the manager's location cache.
+        base = len(meta) - _STRIDE
+        while base >= 0:
+            m = meta[base + 4]
+            if not m:  # a dropped layer's row
+                base -= 6
+                continue
+            offset -= m
+            if fresh and meta[base] <= fresh_after:
+                # Layers start in time order: this one and all older ones are not fresh.
+                if found != ABSENT:
+                    return found
+                fresh = False
+            # A fresh layer is never dead (its last write >= its start > now - window).
+            if fresh or meta[base + 1] > dead_before:
+                if restored and modulus % m:
+                    if self._holds_restored(base, offset, producer_id):
+                        if not fresh:
+                            return STALE
+                        found = self._first + base // 6
+                # Most layers miss on the first bit: test it before anything else.
+                elif bits[offset + first % m]:
+                    k = meta[base + 5]
+                    for u in positions if k == all_hashes else positions[:k]:
+                        if not bits[offset + u % m]:
+                            break
+                    else:
+                        if not fresh:
+                            return STALE
+                        found = self._first + base // 6
+            base -= 6
+        return found
 
-    def newest_start_holding(self, positions: tuple[int, ...], now_ms: int) -> int | None:
-        """When the newest live layer that holds the PID started (None: no live layer does).
-        Off the hot path: the fleet asks it once per refreshed PID, to re-announce a PID at most
-        once per half window."""
-        dead_before = now_ms - self.window_ms
-        for layer in reversed(self._layers):
-            if layer.last_write_ms <= dead_before:
-                return None
-            if layer.bloom.contains(positions):
-                return layer.start_ms
-        return None
+    def contains(self, producer_id: int, now_ms: int) -> bool:
+        """Whether a live layer holds the PID (for tests, ``is_known`` and the backtest)."""
+        return self.find(producer_id, self.positions(producer_id), now_ms) != ABSENT
 
-    def contains(self, positions: tuple[int, ...], now_ms: int) -> bool:
-        return self.lookup(positions, now_ms) != ABSENT
+    def is_fresh(self, serial: int, now_ms: int) -> bool:
+        """Whether the layer ``serial`` is held, live and fresh at ``now_ms``."""
+        base = (serial - self._first) * _STRIDE
+        meta = self._meta
+        if base < 0 or base >= len(meta):
+            return False
+        plan = self.plan
+        return (
+            meta[base + _LAST] + plan.window_ms > now_ms
+            and (now_ms - meta[base + _START]) * plan.fresh_divisor < plan.window_ms
+        )
+
+    @property
+    def newest_serial(self) -> int:
+        """Serial of the newest row (``first - 1`` when there is none)."""
+        return self._first + len(self._meta) // _STRIDE - 1
 
     def estimated_false_positive_rate(self) -> float:
-        """Chance that an unseen PID is reported present by any layer: 1 − Π(1 − fpr_i),
-        computed as −expm1(Σ log1p(−fpr_i)) so tiny rates do not cancel to 0.0."""
+        """Chance that an unseen PID is reported present by any layer: 1 − Π(1 − fpr_i) with
+        fpr_i = (set bits / m)^k, computed as −expm1(Σ log1p(−fpr_i)) so tiny rates do not
+        cancel to 0.0."""
+        meta = self._meta
+        bits = self._bits
         log_miss = 0.0
-        for layer in self._layers:
-            rate = layer.bloom.estimated_false_positive_rate()
+        offset = 0
+        for base in range(0, len(meta), _STRIDE):
+            m = meta[base + _BITS]
+            if not m:
+                continue
+            rate = float((bits.count(1, offset, offset + m) / m) ** meta[base + _HASHES])
+            offset += m
             if rate >= 1.0:
                 return 1.0  # every bit set (log1p(-1) would raise)
             log_miss += math.log1p(-rate)
@@ -147,103 +320,228 @@ class LayeredBloomFilter:
 
     # -- updates ---------------------------------------------------------------------------
 
-    def add(self, positions: tuple[int, ...], now_ms: int) -> None:
-        """Record the PID in the newest layer, starting a new one if the newest is no longer
-        current or is saturated. Does not check whether the PID is already present."""
-        layers = self._layers
-        if not layers:
-            layer = _Layer(self.shape, now_ms)
-            layers.append(layer)
-        else:
-            layer = layers[-1]
-            if layer.bloom.is_saturated or not self._is_current(layer, now_ms):
-                previous = layer
-                layer = _Layer(self.shape, now_ms)
-                # Keep last_write_ms non-decreasing along the list even if a caller's clock
-                # steps back, so expire() may pop from the front.
-                layer.last_write_ms = max(now_ms, previous.last_write_ms)
-                layers.append(layer)
-        layer.bloom.add(positions)
-        if now_ms > layer.last_write_ms:
-            layer.last_write_ms = now_ms
+    def touch(self, serial: int, now_ms: int) -> bool:
+        """Renew layer ``serial`` until ``now_ms + window_ms`` if it is held, live and fresh
+        (returns True); otherwise change nothing and return False. The manager calls it for a
+        PID :meth:`find` placed in that layer: it keeps the PID known a full window after it
+        was last seen without rewriting its bits."""
+        base = (serial - self._first) * _STRIDE
+        meta = self._meta
+        if base < 0 or base >= len(meta):
+            return False
+        plan = self.plan
+        last = meta[base + _LAST]
+        if (
+            last + plan.window_ms <= now_ms
+            or (now_ms - meta[base + _START]) * plan.fresh_divisor >= plan.window_ms
+        ):
+            return False
+        if now_ms > last:
+            meta[base + _LAST] = now_ms
+        return True
 
-    def touch(self, now_ms: int) -> None:
-        """Mark the newest layer written at ``now_ms`` if it is current (no-op otherwise).
+    def add(self, positions: tuple[int, ...], now_ms: int, pending: int = 1) -> int:
+        """Record the PID with universal ``positions`` in the newest layer, starting a new one
+        if there is none, or the newest is no longer current, saturated, dropped, or in a shape
+        this plan would not build (restored from an older format or another false-positive
+        rate: such layers are read and touched, never written); returns the serial of the
+        layer written. Does not check whether the PID is already present. ``pending``: how
+        many PIDs the caller is adding now, this one included (a hint for sizing a new
+        layer)."""
+        meta = self._meta
+        plan = self.plan
+        base = len(meta) - _STRIDE
+        if (
+            base < 0
+            or meta[base + _INSERTED] >= meta[base + _CAPACITY]
+            or (now_ms - meta[base + _START]) * plan.window_num >= plan.window_ms
+            or meta[base + _LAST] + plan.window_ms <= now_ms  # dropped (or the clock jumped)
+            or meta[base + _HASHES] != plan.hash_count  # restored from another rate: sealed
+            or UNIVERSAL_MODULUS % meta[base + _BITS]  # off the ladder (or dropped): sealed
+        ):
+            base = self._start_layer(now_ms, pending)
+        m = meta[base + _BITS]
+        offset = len(self._bits) - m
+        bits = self._bits
+        for i in range(meta[base + _HASHES]):
+            bits[offset + positions[i] % m] = 1
+        # Counts add() calls, not distinct items: callers only add PIDs no fresh layer holds,
+        # so it tracks distinct inserts closely and errs towards rolling layers early.
+        meta[base + _INSERTED] += 1
+        if now_ms > meta[base + _LAST]:
+            meta[base + _LAST] = now_ms
+        return self._first + base // _STRIDE
 
-        Called when a PID found IN_CURRENT produces: keeping that layer alive until
-        ``now_ms + window_ms`` is what keeps the PID known for a full window after it was last
-        seen, without rewriting its bits.
+    def _next_shape(self, now_ms: int, pending: int) -> BloomShape:
+        """Size of a new layer started at ``now_ms``: what the principal needs, not a fixed
+        minimum (issue #12).
+
+        A new layer takes the PIDs activated in its span and the active PIDs refreshed in it:
+        those whose copies stop being fresh during its span, i.e. that sit in layers started
+        about H before it. So it is sized for the most items any live layer that started in
+        (now − H − S, now + S − H] took, or for ``pending`` (the PIDs of the request being
+        added), whichever is more, plus 25% headroom, clamped by the plan and rounded up to the
+        ladder (:meth:`LayerPlan.shape_for`). If the newest layer saturated, at least twice its
+        capacity, so a burst of new PIDs costs O(log n) rolls. A short guess only means an
+        early roll on saturation, which keeps the false-positive rate at target. Depends only
+        on what is persisted, so a restart sizes layers the same way.
         """
-        if self._layers:
-            layer = self._layers[-1]
-            if self._is_current(layer, now_ms) and now_ms > layer.last_write_ms:
-                layer.last_write_ms = now_ms
+        meta = self._meta
+        plan = self.plan
+        want = pending
+        if meta:
+            newest = len(meta) - _STRIDE
+            if meta[newest + _BITS] and meta[newest + _INSERTED] >= meta[newest + _CAPACITY]:
+                want = max(want, 2 * meta[newest + _CAPACITY])
+            span = -(-plan.window_ms // plan.window_num)
+            due_after = now_ms - plan.fresh_horizon_ms - span
+            due_until = now_ms - plan.fresh_horizon_ms + span
+            dead_before = now_ms - plan.window_ms
+            for base in range(0, len(meta), _STRIDE):
+                if (
+                    due_after < meta[base + _START] <= due_until
+                    and meta[base + _LAST] > dead_before
+                ):
+                    want = max(want, meta[base + _INSERTED])
+        return plan.shape_for(-(-want * _HEADROOM_QUARTERS // 4))
 
-    def refresh(self, positions: tuple[int, ...], now_ms: int) -> bool:
-        """Keep a known PID known for another window: touch the newest layer if it holds the PID
-        and is current, otherwise add the PID to the newest layer (rolling one if needed).
-        Returns True if the PID was re-added."""
-        if self._layers:
-            layer = self._layers[-1]
-            # A current layer is always alive: last_write >= start > now - window/num.
-            if self._is_current(layer, now_ms) and layer.bloom.contains(positions):
-                if now_ms > layer.last_write_ms:
-                    layer.last_write_ms = now_ms
-                return False
+    def _start_layer(self, now_ms: int, pending: int) -> int:
+        shape = self._next_shape(now_ms, pending)
+        self._bits += zeros(shape.bit_count, endian="big")
+        meta = self._meta
+        meta.extend((now_ms, now_ms, 0, shape.expected_items, shape.bit_count, shape.hash_count))
+        if shape.hash_count > self._max_hashes:
+            self._max_hashes = shape.hash_count
+        if now_ms + self.plan.window_ms < self.next_check_ms:
+            self.next_check_ms = now_ms + self.plan.window_ms
+        return len(meta) - _STRIDE
+
+    def refresh(self, producer_id: int, now_ms: int) -> bool:
+        """Keep a PID known for another window (the fleet's ``learn``): touch the oldest fresh
+        layer holding it, or else add it to the newest layer. Returns True if it was added."""
+        positions = self.positions(producer_id)
+        where = self.find(producer_id, positions, now_ms)
+        if where >= 0:
+            self.touch(where, now_ms)
+            return False
         self.add(positions, now_ms)
         return True
 
     def expire(self, now_ms: int) -> int:
-        """Drop layers whose last write is a full window old; returns how many were dropped."""
-        layers = self._layers
-        window_ms = self.window_ms
+        """Drop every dead layer (wherever it is); returns how many were dropped. A dropped
+        layer's row stays, marked gone and without bits, until the rows before it are gone too,
+        so serials keep naming the same layers."""
+        meta = self._meta
+        window_ms = self.plan.window_ms
+        dead_before = now_ms - window_ms
         dropped = 0
-        while dropped < len(layers) and layers[dropped].last_write_ms + window_ms <= now_ms:
-            dropped += 1
-        if dropped:
-            del layers[:dropped]
+        next_check = _NEVER
+        offset = len(self._bits)
+        for base in range(len(meta) - _STRIDE, -1, -_STRIDE):
+            m = meta[base + _BITS]
+            offset -= m
+            if not m:
+                continue
+            last = meta[base + _LAST]
+            if last <= dead_before:
+                del self._bits[offset : offset + m]
+                meta[base + _BITS] = 0
+                meta[base + _LAST] = _GONE
+                dropped += 1
+            elif last + window_ms < next_check:
+                next_check = last + window_ms
+        gone = 0
+        while gone < len(meta) and not meta[gone + _BITS]:
+            gone += _STRIDE
+        if gone:
+            del meta[:gone]
+            self._first += gone // _STRIDE
+        self.next_check_ms = next_check
         return dropped
 
+    # -- persistence and run-time changes --------------------------------------------------
+
     def export_layers(self) -> tuple[LayerState, ...]:
-        """Every layer, oldest first, dead ones included (a copy: later writes do not show)."""
-        return tuple(
-            LayerState(
-                layer.start_ms,
-                layer.last_write_ms,
-                layer.bloom.inserted_count,
-                layer.bloom.to_bytes(),
+        """Every layer held, oldest first, dead ones included (a copy)."""
+        meta = self._meta
+        bits = self._bits
+        out = []
+        offset = 0
+        for base in range(0, len(meta), _STRIDE):
+            m = meta[base + _BITS]
+            if not m:
+                continue
+            shape = BloomShape(m, meta[base + _HASHES], meta[base + _CAPACITY])
+            out.append(
+                LayerState(
+                    shape,
+                    meta[base + _START],
+                    meta[base + _LAST],
+                    meta[base + _INSERTED],
+                    bits[offset : offset + m].tobytes(),
+                )
             )
-            for layer in self._layers
-        )
+            offset += m
+        return tuple(out)
 
     def restore(self, layers: Iterable[LayerState]) -> None:
         """Replace every layer with ``layers`` (oldest first, as :meth:`export_layers` gives
-        them, in this filter's shape). Raises ValueError, changing nothing, if a layer's bits do
-        not fit the shape or the times break the invariants (``start_ms <= last_write_ms``,
-        ``last_write_ms`` non-decreasing from oldest to newest)."""
-        restored: list[_Layer] = []
-        previous_write: int | None = None
+        them, each in its own shape). Raises ValueError, changing nothing, if a layer's bits do
+        not fit its shape, it starts after its last write, or its ``inserted_count`` is
+        negative. Layers in a shape new layers would not have (an older format's) are read and
+        touched but never written again."""
+        bits = bitarray(0, endian="big")
+        meta = array("q")
+        max_hashes = self.plan.hash_count
+        restored = False
         for state in layers:
+            shape = state.shape
             if state.start_ms > state.last_write_ms:
                 raise ValueError(
                     f"layer starts at {state.start_ms} after its last write {state.last_write_ms}"
                 )
-            if previous_write is not None and state.last_write_ms < previous_write:
-                raise ValueError("layers' last_write_ms must not decrease from oldest to newest")
-            previous_write = state.last_write_ms
-            layer = _Layer.__new__(_Layer)
-            layer.bloom = BloomFilter.from_bytes(self.shape, state.bits, state.inserted_count)
-            layer.start_ms = state.start_ms
-            layer.last_write_ms = state.last_write_ms
-            restored.append(layer)
-        self._layers = restored
+            if state.inserted_count < 0:
+                raise ValueError(f"inserted_count must be >= 0, got {state.inserted_count}")
+            if len(state.bits) != (shape.bit_count + 7) // 8:
+                raise ValueError(
+                    f"{len(state.bits)} bytes cannot hold the {shape.bit_count} bits of {shape!r}"
+                )
+            layer = bitarray(endian="big")
+            layer.frombytes(state.bits)
+            if layer.count(1, shape.bit_count):
+                raise ValueError("bits beyond bit_count are set")
+            del layer[shape.bit_count :]
+            bits += layer
+            meta.extend(
+                (
+                    state.start_ms,
+                    state.last_write_ms,
+                    state.inserted_count,
+                    shape.expected_items,
+                    shape.bit_count,
+                    shape.hash_count,
+                )
+            )
+            if not shape.is_universal:
+                restored = True
+            elif shape.hash_count > max_hashes:
+                max_hashes = shape.hash_count
+        self._bits = bits
+        self._meta = meta
+        self._first = 0
+        self._max_hashes = max_hashes
+        self._restored = restored
+        self.uid = next(_uids)
+        self.next_check_ms = _AT_ONCE
 
-    def reconfigure(self, window_ms: int, window_num: int) -> None:
-        """Apply a new window at run time. Existing layers keep their bits and times; the new
-        window governs when they expire and when the next layer starts."""
-        if window_num < 1:
-            raise ValueError(f"window_num must be >= 1, got {window_num}")
-        if window_ms < window_num:
-            raise ValueError(f"window_ms ({window_ms}) must be >= window_num ({window_num})")
-        self.window_ms = window_ms
-        self.window_num = window_num
+    def reconfigure(self, plan: LayerPlan) -> None:
+        """Apply a new plan at run time (window, sizes, false-positive rate of new layers).
+        Existing layers keep their bits, shapes and times; the new window governs when they
+        expire, stay fresh and when the next layer starts."""
+        if plan is self.plan:
+            return
+        self.plan = plan
+        if plan.hash_count > self._max_hashes:
+            self._max_hashes = plan.hash_count
+        self.uid = next(_uids)  # freshness changed: the manager's cached locations are void
+        self.next_check_ms = _AT_ONCE

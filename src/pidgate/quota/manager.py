@@ -11,8 +11,10 @@ Admission of one Produce request (DESIGN.md "Quota semantics"):
 
 * no PIDs → admitted; an unlimited principal → admitted and *not tracked* (``tracked=False``):
   remembering PIDs nobody limits would spend memory, which is the resource we are protecting.
-* every PID known → admitted; those missing from the newest layer are re-added there
-  (``refreshed_count``), so producers that keep producing never look new.
+* every PID known → admitted; each is touched in the layer that holds it, or re-added to the
+  newest layer once its copies are more than half a window old (``refreshed_count``; the rule
+  and its bounds are in :mod:`pidgate.quota.layered`), so producers that keep producing never
+  look new.
 * otherwise, if the bucket holds a token per unknown PID → take them, record the PIDs, admit;
   else reject the whole request and record nothing (no tokens, no PIDs, no refresh), with
   ``throttle_time_ms`` = ms until the bucket holds the tokens needed (≥ 1). A request needing
@@ -27,6 +29,12 @@ any, in learning mode) is admitted without a token and recorded as known
 (``Admitted.grandfathered_producer_ids``); the rest of the rule is unchanged. A rejected request
 records nothing, grandfathered PIDs included. An evicted principal keeps its frontier (it never
 moves) with a fresh grace period; one that had no frontier gets no grandfathering after eviction.
+
+Hot path: a known PID of a busy producer costs a dict lookup and one touch. A small cache
+remembers, per recently seen PID, the layer it was last found in (filter ``uid``, layer serial);
+it is only used while that layer is live and fresh, which is exactly when a full scan would
+name the same layer (the scan returns the *oldest* fresh layer holding the PID, and layers
+older than a cached one never gain bits), so the cache never changes a decision.
 
 Memory: a principal's state exists only after it activated a PID. ``expire(now_ms)`` drops dead
 layers and forgets principals with no live layer and a full bucket (forgetting those is exact:
@@ -43,10 +51,9 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from .bloom import BloomShape, bloom_positions
 from .bucket import TokenBucket
 from .grandfather import FRONTIER, OFF, Enforcement, GrandfatherMode
-from .layered import ABSENT, IN_CURRENT, LayeredBloomFilter, LayerState
+from .layered import ABSENT, LayeredBloomFilter, LayerPlan, LayerState
 from .policy import QuotaPolicy
 
 __all__ = [
@@ -72,8 +79,10 @@ class Admitted:
     refreshed_count: int
     tracked: bool = True
     grandfathered_producer_ids: tuple[int, ...] = ()
-    #: Known PIDs refreshed by this request that a fleet should re-announce (at most once per
-    #: half window each; only computed when ``QuotaManager.announce_refreshes`` is set).
+    #: Known PIDs refreshed by this request, for a fleet to re-announce (only filled in when
+    #: ``QuotaManager.announce_refreshes`` is set). A PID is refreshed when every copy of it
+    #: started at least half a window ago, so each is announced about once per half window
+    #: (never twice within W/2 − W/N), and peers that learn it keep it known in between.
     announced_producer_ids: tuple[int, ...] = ()
 
 
@@ -113,15 +122,16 @@ class PrincipalRecord:
 
     principal: str
     bucket: TokenBucket
-    shape: BloomShape
+    #: Oldest first; each layer has its own shape.
     layers: tuple[LayerState, ...]
     enforcement: Enforcement | None = None
 
 
 _ADMITTED_EMPTY = Admitted((), 0)
 _ADMITTED_UNTRACKED = Admitted((), 0, tracked=False)
-#: Bloom positions of recently known PIDs, so a producer's every request does not re-hash its
-#: PID (Murmur3 + k modular steps, ~1 µs; a dict hit ~0.1 µs). Bounded: cleared when full.
+#: Where recently known PIDs were found: pid -> (filter uid, layer serial, ms cached), so a
+#: producer's every request neither re-hashes its PID (Murmur3 + k steps, ~1 µs) nor scans
+#: layers. Bounded: cleared when full.
 _POSITIONS_CACHE_SIZE = 4096
 
 
@@ -151,16 +161,27 @@ class QuotaManager:
         # Least recently active first: admit() moves a principal to the end, eviction pops the
         # front, both O(1).
         self._principals: OrderedDict[str, _Principal] = OrderedDict()
+        self._plan = self._plan_for(policy)
         self._total_bits = 0
         self._evicted = 0
-        # pid -> (shape, positions); a hit needs the very same shape object (see admit).
-        self._positions_cache: dict[int, tuple[BloomShape, tuple[int, ...]]] = {}
+        # pid -> (filter uid, layer serial, ms cached): see the module docstring.
+        self._positions_cache: dict[int, tuple[int, int, int]] = {}
         # When enforcement began for principals that have no state: at start (applies to all),
         # at policy changes (to those unlimited before), at eviction (per principal).
         self._baseline: Enforcement | None = None
         self._activations: list[tuple[QuotaPolicy, Enforcement]] = []
         self._evicted_enforcement: OrderedDict[str, Enforcement] = OrderedDict()
         self._grandfathered = 0
+
+    @staticmethod
+    def _plan_for(policy: QuotaPolicy) -> LayerPlan:
+        return LayerPlan(
+            policy.window_ms,
+            policy.window_num,
+            policy.false_positive_rate,
+            policy.min_layer_items,
+            policy.max_layer_items,
+        )
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -251,7 +272,7 @@ class QuotaManager:
         state = self._principals.get(principal)
         if state is None:
             return False
-        return state.seen.contains(bloom_positions(producer_id, state.seen.shape), now_ms)
+        return state.seen.contains(producer_id, now_ms)
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -279,36 +300,62 @@ class QuotaManager:
             return self._admit_first(principal, rate, producer_ids, now_ms, pre_enforcement)
 
         seen = state.seen
-        shape = seen.shape
-        dropped = seen.expire(now_ms)
-        if dropped:
-            self._total_bits -= dropped * shape.bit_count
-        # Positions once per distinct PID; every layer is tested with the same tuple.
-        in_current = False
+        if now_ms >= seen.next_check_ms:
+            bits_before = seen.total_bits
+            if seen.expire(now_ms):
+                self._total_bits -= bits_before - seen.total_bits
+        cache = self._positions_cache
+        uid = seen.uid
+        # Where each distinct PID is; nothing changes until the request is admitted.
+        fresh: set[int] = set()  # serials of the layers to touch (a batch shares a few)
         stale: list[tuple[int, tuple[int, ...]]] = []
         unknown: list[tuple[int, tuple[int, ...]]] = []
-        unique = producer_ids if len(producer_ids) == 1 else dict.fromkeys(producer_ids)
-        cache = self._positions_cache
-        for pid in unique:
-            cached = cache.get(pid)
-            if cached is not None and cached[0] is shape:
-                positions = cached[1]
-            else:
-                positions = bloom_positions(pid, shape)
-            where = seen.lookup(positions, now_ms)
-            if where == IN_CURRENT:
-                in_current = True
-            elif where == ABSENT:
-                unknown.append((pid, positions))
-                continue
-            else:
-                stale.append((pid, positions))
-            if cached is None:
-                self._remember_positions(pid, shape, positions)
+        if len(producer_ids) == 1:
+            # The hot path: one PID of a busy producer, found where it was last time; else one
+            # scan, and a known PID's layer is touched at once (nothing can reject it).
+            for pid in producer_ids:
+                cached = cache.get(pid)
+                if (
+                    cached is not None
+                    and cached[0] == uid
+                    and now_ms >= cached[2]
+                    and seen.touch(cached[1], now_ms)
+                ):
+                    self._principals.move_to_end(principal)
+                    return _ADMITTED_EMPTY
+                positions = seen.positions(pid)
+                where = seen.find(pid, positions, now_ms)
+                if where >= 0:
+                    seen.touch(where, now_ms)
+                    self._remember_location(pid, uid, where, now_ms)
+                    self._principals.move_to_end(principal)
+                    return _ADMITTED_EMPTY
+                (unknown if where == ABSENT else stale).append((pid, positions))
+        else:
+            for pid in dict.fromkeys(producer_ids):
+                cached = cache.get(pid)
+                if (
+                    cached is not None
+                    and cached[0] == uid
+                    and now_ms >= cached[2]
+                    and seen.is_fresh(cached[1], now_ms)
+                ):
+                    fresh.add(cached[1])
+                    continue
+                positions = seen.positions(pid)
+                where = seen.find(pid, positions, now_ms)
+                if where >= 0:
+                    fresh.add(where)
+                    self._remember_location(pid, uid, where, now_ms)
+                elif where == ABSENT:
+                    unknown.append((pid, positions))
+                else:
+                    stale.append((pid, positions))
 
         if not unknown and not stale:
-            # The common case: only active PIDs, all in the current layer. No bits change.
-            seen.touch(now_ms)
+            # Only active PIDs, each in a fresh layer: touch those layers, no bits change.
+            for serial in fresh:
+                seen.touch(serial, now_ms)
             self._principals.move_to_end(principal)
             return _ADMITTED_EMPTY
 
@@ -334,19 +381,22 @@ class QuotaManager:
                 state.bucket = bucket
 
         self._principals.move_to_end(principal)
-        announced = (
-            self._to_announce(seen, stale, now_ms) if stale and self.announce_refreshes else ()
-        )
+        # Every layer holding a stale PID started at least half a window ago, so in an earlier
+        # half-window than now: announcing each refresh keeps the fleet's traffic at about one
+        # announcement per active PID per half window (issue "fleet").
+        announced = tuple(pid for pid, _ in stale) if stale and self.announce_refreshes else ()
+        for serial in fresh:
+            seen.touch(serial, now_ms)
         bits_before = seen.total_bits
-        # Touch first: adds below may roll a new layer, and the PIDs found in the (then
-        # previous) current layer must stay alive a full window from now.
-        if in_current:
-            seen.touch(now_ms)
-        for _, positions in stale:
-            seen.add(positions, now_ms)
-        for pid, positions in unknown:
-            seen.add(positions, now_ms)
-            self._remember_positions(pid, shape, positions)
+        newest = seen.newest_serial
+        pending = len(stale) + len(unknown)
+        for pid, positions in (*stale, *unknown):
+            serial = seen.add(positions, now_ms, pending)
+            pending -= 1
+            # Cacheable only if no layer rolled before this add: then no layer older than the
+            # one written changed since find() saw no fresh layer holding the PID.
+            if serial == newest:
+                self._remember_location(pid, uid, serial, now_ms)
         grown = seen.total_bits - bits_before
         if grown:
             self._total_bits += grown
@@ -364,25 +414,6 @@ class QuotaManager:
             tuple(pid for pid, _ in unknown), len(stale), announced_producer_ids=announced
         )
 
-    def _to_announce(
-        self,
-        seen: LayeredBloomFilter,
-        stale: list[tuple[int, tuple[int, ...]]],
-        now_ms: int,
-    ) -> tuple[int, ...]:
-        """The refreshed PIDs whose newest copy was written in an earlier half window than
-        ``now_ms``: an active PID is refreshed once per layer span, and re-announced to the
-        fleet only when that crosses a half-window boundary (issue "fleet": topic traffic
-        bounded by active PIDs per half window)."""
-        half = max(1, self._policy.window_ms // 2)
-        epoch = now_ms // half
-        found: list[int] = []
-        for pid, positions in stale:
-            start = seen.newest_start_holding(positions, now_ms)
-            if start is None or start // half != epoch:
-                found.append(pid)
-        return tuple(found)
-
     def learn(
         self,
         principal: str,
@@ -391,7 +422,7 @@ class QuotaManager:
         now_ms: int,
     ) -> bool:
         """Apply what another fleet member admitted: ``known_producer_ids`` become known here
-        too (refreshed into the newest layer), and ``taken_tokens`` are debited from this
+        too (touched or refreshed, as if seen now), and ``taken_tokens`` are debited from this
         principal's bucket (0 in ``instance`` scope). An unlimited principal is not tracked, so
         nothing is learnt for it. Returns whether anything was applied."""
         state = self._principals.get(principal)
@@ -399,20 +430,16 @@ class QuotaManager:
             rate = self._policy.rate_for(principal)
             if rate is None:
                 return False
-            policy = self._policy
-            shape = BloomShape.for_capacity(
-                policy.layer_items_for(rate), policy.false_positive_rate
-            )
             state = _Principal(
-                LayeredBloomFilter(shape, policy.window_ms, policy.window_num),
-                TokenBucket.full(rate, policy.window_ms, now_ms),
+                LayeredBloomFilter(self._plan),
+                TokenBucket.full(rate, self._policy.window_ms, now_ms),
                 self._enforcement_for_new(principal, now_ms),
             )
             self._principals[principal] = state
         seen = state.seen
         bits_before = seen.total_bits
         for pid in dict.fromkeys(known_producer_ids):
-            seen.refresh(bloom_positions(pid, seen.shape), now_ms)
+            seen.refresh(pid, now_ms)
         if taken_tokens > 0:
             state.bucket = state.bucket.debit(taken_tokens, now_ms)
         self._principals.move_to_end(principal)
@@ -420,13 +447,13 @@ class QuotaManager:
         self._enforce_caps(now_ms)
         return True
 
-    def _remember_positions(self, pid: int, shape: BloomShape, positions: tuple[int, ...]) -> None:
-        """Cache the positions of a PID that is known (found, or just admitted). Rejected PIDs
-        are never cached, so a storm of new PIDs cannot push out the producers that pass."""
+    def _remember_location(self, pid: int, uid: int, serial: int, now_ms: int) -> None:
+        """Cache where a known PID is (found, or just admitted). Rejected PIDs are never
+        cached, so a storm of new PIDs cannot push out the producers that pass."""
         cache = self._positions_cache
         if len(cache) >= _POSITIONS_CACHE_SIZE:
             cache.clear()
-        cache[pid] = (shape, positions)
+        cache[pid] = (uid, serial, now_ms)
 
     def _admit_first(
         self,
@@ -455,10 +482,11 @@ class QuotaManager:
             # from a forgotten one.
             wait = bucket.time_until_available_ms(len(new_ids), now_ms)
             return Rejected(max(1, wait), new_ids)
-        shape = BloomShape.for_capacity(policy.layer_items_for(rate), policy.false_positive_rate)
-        seen = LayeredBloomFilter(shape, policy.window_ms, policy.window_num)
+        seen = LayeredBloomFilter(self._plan)
+        pending = len(ids)
         for pid in ids:
-            seen.add(bloom_positions(pid, shape), now_ms)
+            seen.add(seen.positions(pid), now_ms, pending)
+            pending -= 1
         self._principals[principal] = _Principal(seen, taken, enforcement)
         self._total_bits += seen.total_bits
         self._grandfathered += len(grandfathered)
@@ -521,13 +549,7 @@ class QuotaManager:
         """Every tracked principal, idlest first, exactly as held (dead layers included, buckets
         not refilled); a copy. :mod:`pidgate.quota.persistence` serializes it."""
         return tuple(
-            PrincipalRecord(
-                name,
-                state.bucket,
-                state.seen.shape,
-                state.seen.export_layers(),
-                state.enforcement,
-            )
+            PrincipalRecord(name, state.bucket, state.seen.export_layers(), state.enforcement)
             for name, state in self._principals.items()
         )
 
@@ -537,12 +559,11 @@ class QuotaManager:
         :func:`pidgate.quota.persistence.load_state`). Layers expire under the policy's window.
         Then enforces the caps; returns how many principals that evicted. Raises ValueError,
         changing nothing, on a duplicate principal or a layer that does not fit its shape."""
-        policy = self._policy
         principals: OrderedDict[str, _Principal] = OrderedDict()
         for record in records:
             if record.principal in principals:
                 raise ValueError(f"principal {record.principal!r} appears twice")
-            seen = LayeredBloomFilter(record.shape, policy.window_ms, policy.window_num)
+            seen = LayeredBloomFilter(self._plan)
             seen.restore(record.layers)
             principals[record.principal] = _Principal(seen, record.bucket, record.enforcement)
         self._principals = principals
@@ -560,9 +581,9 @@ class QuotaManager:
         capacity; with ``now_ms`` the buckets are first refilled under the old rate up to then).
         A principal that becomes unlimited is forgotten (untracked, see module docstring); one
         that becomes limited has no state yet and so starts with a full bucket. The new window
-        governs existing layers' expiry; the Bloom shape of existing principals is kept (their
-        positions must not change), new principals get the new false-positive rate and sizes.
-        Caps are enforced at once.
+        governs existing layers' expiry and freshness; existing layers keep their shapes (their
+        positions must not change), new layers of every principal get the new false-positive
+        rate and sizes. Caps are enforced at once.
 
         With ``now_ms``: when the change makes a principal limited that was unlimited, its
         enforcement begins now. Returns that (pending) :class:`Enforcement`, shared by every
@@ -570,6 +591,10 @@ class QuotaManager:
         """
         previous = self._policy
         self._policy = policy
+        plan = self._plan_for(policy)
+        if plan == self._plan:
+            plan = self._plan
+        self._plan = plan
         began: Enforcement | None = None
         if now_ms is not None and policy.activates_any(previous):
             began = Enforcement(now_ms, policy.grace_ms)
@@ -582,7 +607,7 @@ class QuotaManager:
                 del self._principals[name]
                 continue
             state.bucket = state.bucket.with_rate(rate, policy.window_ms, now_ms)
-            state.seen.reconfigure(policy.window_ms, policy.window_num)
+            state.seen.reconfigure(plan)
         self._total_bits = self._total_bits_recount()
         self._enforce_caps(now_ms)
         return began

@@ -9,11 +9,12 @@ means the same in the next.
 Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
 pidgate package.
 
-Format, version 2 (integers in the header big-endian); version 1 files (no enforcement, below)
-still load, their principals without grandfathering::
+Format, version 3 (integers in the header big-endian). Versions 1 and 2 still load: their
+principals had one Bloom shape for all layers (version 1: and no enforcement, so no
+grandfathering); those layers load in that shape and are read, never written again::
 
     magic    8 bytes  b"PIDGSTAT"
-    version  u16      1 or FORMAT_VERSION (2); a larger one is refused (UnsupportedStateVersion)
+    version  u16      1, 2 or FORMAT_VERSION (3); a larger one is refused (UnsupportedStateVersion)
     flags    u16      0 (reserved; any other value is refused)
     raw_len  u64      length of the body before compression
     zlen     u64      length of the compressed body that follows
@@ -32,15 +33,16 @@ length + UTF-8)::
     uv   principal count, then per principal, idlest first:
          str principal
          uv  bucket rate, uv bucket window_ms, uv bucket level (token·ms), sv bucket updated_ms
-         uv  Bloom bit_count, uv hash_count, uv expected_items
+         (versions 1, 2) uv Bloom bit_count, uv hash_count, uv expected_items: every layer's
          uv  layer count, then per layer, oldest first:
+             (version 3) uv bit_count, uv hash_count, uv expected_items: this layer's shape
              sv start_ms, uv last_write_ms - start_ms, uv inserted_count,
              uv encoding, then the bits:
                 0 raw:    ceil(bit_count / 8) bytes, BloomFilter.to_bytes() form
                 1 sparse: uv n, then n little-endian u16 gaps between set-bit indices
                 2 sparse: uv n, then n little-endian u32 gaps
                 (the first gap is the first index; later gaps are >= 1)
-         (version 2) when enforcement began, :mod:`pidgate.quota.grandfather`:
+         (version >= 2) when enforcement began, :mod:`pidgate.quota.grandfather`:
          uv  0 (none) | 1 frontier | 2 learning | 3 pending | 4 off, and unless 0:
              sv began_ms, uv grace_ms, sv frontier (-1: none), str reason
          A pending enforcement (saved before the frontier probe answered) loads as learning.
@@ -59,7 +61,7 @@ from types import MappingProxyType
 
 from bitarray import bitarray
 
-from .bloom import BloomShape
+from .bloom import BloomShape, hash_count_for
 from .bucket import TokenBucket
 from .grandfather import FRONTIER, LEARNING, OFF, PENDING, Enforcement, GrandfatherMode
 from .layered import LayerState
@@ -83,7 +85,9 @@ __all__ = [
 ]
 
 MAGIC = b"PIDGSTAT"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: Versions before 3 saved one Bloom shape per principal, shared by all its layers.
+_SHARED_SHAPE_VERSIONS = (1, 2)
 _ENFORCEMENT_MODES: tuple[GrandfatherMode | None, ...] = (
     None,
     FRONTIER,
@@ -201,7 +205,10 @@ class LoadReport:
     layers_expired: int = 0
     principals_unlimited: int = 0  # dropped: unlimited under the current policy
     principals_idle: int = 0  # dropped: no live layer left and a full bucket (as expire())
-    principals_reshaped: int = 0  # saved Bloom shape differs from the policy's: kept as saved
+    #: Principals / layers kept in a shape the current policy would not build (saved under
+    #: another false-positive rate, or by a version before 3): read in their own shape as
+    #: before, never written again; new layers get the current policy's shape.
+    principals_reshaped: int = 0
     layers_reshaped: int = 0
     principals_evicted: int = 0  # dropped to honour max_principals / max_total_bits
 
@@ -285,17 +292,18 @@ def encode_state(snapshot: StateSnapshot) -> bytes:
             w.uv(rate)
     w.uv(len(snapshot.principals))
     for record in snapshot.principals:
-        bucket, shape = record.bucket, record.shape
+        bucket = record.bucket
         w.text(record.principal)
         w.uv(bucket.rate)
         w.uv(bucket.window_ms)
         w.uv(max(0, bucket.level))  # a fleet debt (bucket.debit) is kept as empty
         w.sv(bucket.updated_ms)
-        w.uv(shape.bit_count)
-        w.uv(shape.hash_count)
-        w.uv(shape.expected_items)
         w.uv(len(record.layers))
         for layer in record.layers:
+            shape = layer.shape
+            w.uv(shape.bit_count)
+            w.uv(shape.hash_count)
+            w.uv(shape.expected_items)
             w.sv(layer.start_ms)
             w.uv(layer.last_write_ms - layer.start_ms)
             w.uv(layer.inserted_count)
@@ -397,7 +405,7 @@ def _unwrap(data: bytes) -> tuple[int, bytes]:
     _, version, flags, raw_len, zlen = _HEADER.unpack_from(data)
     if version > FORMAT_VERSION:
         raise UnsupportedStateVersion(version)
-    if version not in (1, FORMAT_VERSION) or flags != 0:
+    if version not in (*_SHARED_SHAPE_VERSIONS, FORMAT_VERSION) or flags != 0:
         raise StateFormatError(f"corrupt header: version {version}, flags {flags:#x}")
     expected = _HEADER.size + zlen + _CRC.size
     if len(data) != expected:
@@ -431,6 +439,13 @@ def _read_enforcement(r: _Reader, name: str) -> Enforcement | None:
     return Enforcement(began_ms, grace_ms, mode, None if frontier < 0 else frontier, reason)
 
 
+def _read_shape(r: _Reader, name: str) -> BloomShape:
+    shape = BloomShape(bit_count=r.uv(), hash_count=r.uv(), expected_items=r.uv())
+    if shape.bit_count > _MAX_BIT_COUNT:
+        raise StateFormatError(f"principal {name!r} has a layer of {shape.bit_count} bits")
+    return shape
+
+
 def decode_state(data: bytes) -> StateSnapshot:
     """The state in ``data``, exactly as saved. Raises :class:`StateFormatError` (or its
     subclass :class:`UnsupportedStateVersion`) if ``data`` is not a complete, intact state."""
@@ -449,18 +464,17 @@ def decode_state(data: bytes) -> StateSnapshot:
         for _ in range(r.uv()):
             name = r.text()
             bucket = TokenBucket(rate=r.uv(), window_ms=r.uv(), level=r.uv(), updated_ms=r.sv())
-            shape = BloomShape(bit_count=r.uv(), hash_count=r.uv(), expected_items=r.uv())
-            if shape.bit_count > _MAX_BIT_COUNT:
-                raise StateFormatError(f"principal {name!r} has {shape.bit_count} bits per layer")
+            shared = _read_shape(r, name) if version in _SHARED_SHAPE_VERSIONS else None
             layers: list[LayerState] = []
             for _ in range(r.uv()):
+                shape = shared if shared is not None else _read_shape(r, name)
                 start_ms = r.sv()
                 last_write_ms = start_ms + r.uv()
                 inserted = r.uv()
                 bits = _read_bits(r, shape.bit_count)
-                layers.append(LayerState(start_ms, last_write_ms, inserted, bits))
+                layers.append(LayerState(shape, start_ms, last_write_ms, inserted, bits))
             enforcement = _read_enforcement(r, name) if version >= 2 else None
-            principals.append(PrincipalRecord(name, bucket, shape, tuple(layers), enforcement))
+            principals.append(PrincipalRecord(name, bucket, tuple(layers), enforcement))
         if not r.at_end:
             raise StateFormatError("trailing bytes after the last principal")
         return StateSnapshot(dumped_at_ms, QuotaOverrides(overrides), tuple(principals))
@@ -484,9 +498,10 @@ def load_state(
       kept, clamped to the new capacity, as ``update_policy`` does), then refilled at the
       current rate up to ``now_ms`` (a clock that stepped back refills nothing);
     * layers whose last write is a full current window before ``now_ms`` are dropped;
-    * if the Bloom shape is not the one the current policy gives this principal's rate (another
-      false-positive rate or layer size), its layers are dropped and it starts over in the new
-      shape: its PIDs look new again (they need tokens), its bucket is kept;
+    * every other layer is kept in its own shape, so known PIDs stay known; layers in a shape
+      the current policy would not build (another false-positive rate, or saved by a format
+      before 3) are counted as *reshaped*: they are read, touched and expire as usual but are
+      never written again (new layers get the current shape);
     * no layer left and a full bucket → dropped (exactly what ``expire()`` would forget);
     * then the caps are enforced, evicting the idlest.
 
@@ -498,6 +513,7 @@ def load_state(
     records: list[PrincipalRecord] = []
     expired = unlimited = idle = reshaped = layers_reshaped = 0
     dead_before = now_ms - effective.window_ms
+    hash_count = hash_count_for(effective.false_positive_rate)
     for record in snapshot.principals:
         rate = effective.rate_for(record.principal)
         if rate is None:
@@ -510,20 +526,20 @@ def load_state(
         )
         layers = tuple(layer for layer in record.layers if layer.last_write_ms > dead_before)
         expired += len(record.layers) - len(layers)
-        shape = BloomShape.for_capacity(
-            effective.layer_items_for(rate), effective.false_positive_rate
+        # Keep every layer in its saved shape: positions come from the layer's own shape, as
+        # at run time; dropping them would make every known PID look new (and charge for it).
+        foreign = sum(
+            1
+            for layer in layers
+            if not layer.shape.is_universal or layer.shape.hash_count != hash_count
         )
-        if layers and record.shape != shape:
-            # Keep the saved shape: positions come from the layers' own shape, exactly as
-            # update_policy keeps a principal's shape at run time; dropping the layers would
-            # make every known PID look new (and charge for it) after a restart.
+        if foreign:
             reshaped += 1
-            layers_reshaped += len(layers)
-            shape = record.shape
+            layers_reshaped += foreign
         if not layers and bucket.is_full(now_ms):
             idle += 1
             continue
-        records.append(PrincipalRecord(record.principal, bucket, shape, layers, record.enforcement))
+        records.append(PrincipalRecord(record.principal, bucket, layers, record.enforcement))
     try:
         evicted = manager.restore(records)
     except ValueError as exc:

@@ -44,12 +44,16 @@ class QuotaPolicy:
     ``kafka-configs --entity-type users --entity-name alice`` and the CLI's
     ``--producer-ids-rate alice=5`` name it. It is copied into a read-only mapping.
 
-    ``max_total_bits`` caps the sum of all Bloom layer bits (2**30 bits = 128 MiB): with the
-    defaults a principal at ``min_layer_items`` costs ≈ 14.4 kbit per layer, ≈ 21 KiB for 12
-    layers, so the bit cap binds long before ``max_principals`` does for busy principals, and
-    ``max_principals`` bounds the per-principal Python objects (≈ 1 KiB each) for idle ones.
-    ``max_layer_items`` bounds one layer (1M items ≈ 1.7 MiB at p = 0.001); principals with
-    higher rates simply roll layers early on saturation.
+    ``max_total_bits`` caps the sum of all Bloom layer bits (2**30 bits = 128 MiB). Layers are
+    sized to what each principal writes (:mod:`pidgate.quota.layered`): ≈ 14.4 bits per item at
+    p = 0.001 plus headroom and rounding to the size ladder, and an active PID has 2–3 copies
+    alive, so ≈ 75–80 bits (10 B) per active PID at steady state (benchmarks/memory.py), plus
+    48 B per layer and ≈ 0.5 KiB per principal of Python objects; ``max_principals`` bounds the
+    latter for idle principals.
+    ``min_layer_items`` is the smallest capacity of a new layer (16 items = 256 bits at
+    p = 0.001; smaller only saves bits that the layer's own bookkeeping outweighs);
+    ``max_layer_items`` bounds one layer (1M items ≈ 2 MiB at p = 0.001); principals that write
+    more roll layers early on saturation.
     """
 
     window_ms: int = 3_600_000
@@ -59,7 +63,7 @@ class QuotaPolicy:
     user_producer_ids_rates: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     max_principals: int = 100_000
     max_total_bits: int = 2**30
-    min_layer_items: int = 1000
+    min_layer_items: int = 16
     max_layer_items: int = 1_000_000
     #: How long after a principal's enforcement began PIDs the cluster allocated before then
     #: are admitted free (``quota.grandfather_grace_ms``); None: one layer's span,
@@ -101,6 +105,12 @@ class QuotaPolicy:
                 f"max_layer_items ({self.max_layer_items}) must be >= "
                 f"min_layer_items ({self.min_layer_items})"
             )
+        # A layer has at most 2**32 bits (the state format's limit).
+        if self.max_layer_items * -math.log(p) / math.log(2) ** 2 > 2**32:
+            raise ValueError(
+                f"max_layer_items ({self.max_layer_items}) needs layers of more than 2**32 bits "
+                f"at false_positive_rate {p}"
+            )
 
     @property
     def grace_ms(self) -> int:
@@ -131,11 +141,3 @@ class QuotaPolicy:
         if rate is not None:
             return rate
         return self.default_producer_ids_rate
-
-    def layer_items_for(self, rate: int) -> int:
-        """Expected items per Bloom layer for a principal at ``rate``: one window's quota,
-        clamped to [min_layer_items, max_layer_items]. The newest layer holds the PIDs
-        activated during its span plus every active PID refreshed into it, which at steady
-        state is at most about one window's quota; if more arrive it saturates and a new layer
-        starts early, so the false-positive rate stays near target."""
-        return min(self.max_layer_items, max(self.min_layer_items, rate))
