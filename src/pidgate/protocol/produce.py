@@ -370,22 +370,8 @@ def _parse_produce(buf: memoryview, api_version: int) -> ProduceRequestSummary:
             if pos + 4 > end:
                 raise MalformedMessageError("truncated Produce request: partition index")
             index = unpack_i32(buf, pos)[0]
-            pos += 4
-            if flexible:
-                size = buf[pos]
-                if size < 0x80:
-                    pos += 1
-                else:
-                    size, pos = read_uvarint(buf, pos)
-                size -= 1  # compact nullable bytes: 0 = null
-            else:
-                if pos + 4 > end:
-                    raise MalformedMessageError("truncated Produce request: records length")
-                size = unpack_i32(buf, pos)[0]
-                pos += 4
+            size, pos = _records_length(buf, pos + 4, flexible)
             if size < 0:
-                if size != -1:
-                    raise MalformedMessageError(f"invalid records length {size} at offset {pos}")
                 batches: tuple[BatchHeader, ...] = ()
             else:
                 if pos + size > end:
@@ -479,23 +465,8 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
         for _ in range(partition_count):
             if pos + 4 > end:
                 raise MalformedMessageError("truncated Produce request: partition index")
-            pos += 4
-            if flexible:
-                size = buf[pos]
-                if size < 0x80:
-                    pos += 1
-                else:
-                    size, pos = read_uvarint(buf, pos)
-                size -= 1  # compact nullable bytes: 0 = null
-            else:
-                if pos + 4 > end:
-                    raise MalformedMessageError("truncated Produce request: records length")
-                size = unpack_i32(buf, pos)[0]
-                pos += 4
-            if size < 0:
-                if size != -1:
-                    raise MalformedMessageError(f"invalid records length {size} at offset {pos}")
-            else:
+            size, pos = _records_length(buf, pos + 4, flexible)
+            if size >= 0:
                 stop = pos + size
                 if stop > end:
                     raise MalformedMessageError(
@@ -504,13 +475,8 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
                     )
                 while pos < stop:
                     remaining = stop - pos
-                    if remaining < BATCH_V2_HEADER_BYTES:
+                    if remaining < BATCH_V2_HEADER_BYTES or buf[pos + _MAGIC_OFFSET] != 2:
                         # Short or legacy batches: the full walk has every rule for them.
-                        for batch in _batch_headers(buf, pos, stop, False):
-                            if batch.producer_id != -1:
-                                producer_ids.append(batch.producer_id)
-                        break
-                    if buf[pos + _MAGIC_OFFSET] != 2:
                         for batch in _batch_headers(buf, pos, stop, False):
                             if batch.producer_id != -1:
                                 producer_ids.append(batch.producer_id)
@@ -540,6 +506,25 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
     if flexible:
         skip_tagged_fields(buf, pos)
     return acks, tuple(producer_ids)
+
+
+def _records_length(buf: memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    """(length, offset after it) of a partition's records field: -1 for null, else >= 0."""
+    if flexible:
+        size = buf[pos]
+        if size < 0x80:
+            pos += 1
+        else:
+            size, pos = read_uvarint(buf, pos)
+        size -= 1  # compact nullable bytes: 0 = null
+    else:
+        if pos + 4 > len(buf):
+            raise MalformedMessageError("truncated Produce request: records length")
+        size = I32.unpack_from(buf, pos)[0]
+        pos += 4
+    if size < -1:
+        raise MalformedMessageError(f"invalid records length {size} at offset {pos}")
+    return size, pos
 
 
 def _array_len(buf: memoryview, pos: int, flexible: bool, what: str) -> tuple[int, int]:
