@@ -101,7 +101,41 @@ class Cpu:
         return self.schedstat_ns(), self.stat_s()
 
 
-class Pidgate:
+class Served:
+    """One server process started here: its log, its CPU, and a stop by PID. If it does not
+    listen on every port in ``ports`` in time it is stopped at once, never left behind."""
+
+    def __init__(
+        self,
+        command: list[str],
+        log_dir: Path,
+        name: str,
+        ports: list[int],
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self._log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            for port in ports:
+                wait_listening(port, self.process, name)
+        except BaseException:
+            self.stop()
+            raise
+        self.cpu = Cpu(self.process.pid)
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._log.close()
+
+
+class Pidgate(Served):
     """``pidgate serve`` in its own process (its own GIL, like tansu proxy is its own process)."""
 
     def __init__(
@@ -115,7 +149,6 @@ class Pidgate:
         self.port = free_port()
         self.broker_port = free_port()
         self.http_port = free_port()
-        self._log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115
         env = dict(os.environ)
         if src is not None:  # another source tree of pidgate (e.g. a baseline to compare with)
             env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
@@ -137,21 +170,7 @@ class Pidgate:
             "--log-level",
             "warning",
         ]
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
-        try:
-            wait_listening(self.port, self.process, "pidgate")
-            wait_listening(self.http_port, self.process, "pidgate admin")
-        except BaseException:
-            self.stop()  # never leave a half-started pidgate behind
-            raise
-        self.cpu = Cpu(self.process.pid)
+        super().__init__(command, log_dir, name, [self.port, self.http_port], env)
 
     @property
     def bootstrap(self) -> str:
@@ -163,10 +182,6 @@ class Pidgate:
             text = r.read().decode()
         return _metric(text, "pidgate_requests_total"), _metric(text, "pidgate_request_bytes_total")
 
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
-
 
 def _metric(text: str, name: str) -> int:
     match = re.search(rf'^{name}{{api_key="Produce"}} ([0-9.e+]+)$', text, re.M)
@@ -175,41 +190,25 @@ def _metric(text: str, name: str) -> int:
     return int(float(match.group(1)))
 
 
-class TansuProxy:
+class TansuProxy(Served):
     def __init__(self, origin: str, log_dir: Path) -> None:
         self.port = free_port()
         url = f"tcp://127.0.0.1:{self.port}"
-        self._log = open(log_dir / "tansu-proxy.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [
-                broker_binary(),
-                "proxy",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--origin-url",
-                f"tcp://{origin}",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            wait_listening(self.port, self.process, "tansu proxy")
-        except BaseException:
-            self.stop()
-            raise
-        self.cpu = Cpu(self.process.pid)
+        command = [
+            broker_binary(),
+            "proxy",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--origin-url",
+            f"tcp://{origin}",
+        ]
+        super().__init__(command, log_dir, "tansu-proxy", [self.port])
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
 
 
 # -- workloads --------------------------------------------------------------------------------

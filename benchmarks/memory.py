@@ -261,28 +261,22 @@ def main() -> int:
     args = parser.parse_args()
     windows = 1.0 if args.quick else args.windows
     results: dict[str, Result] = {}
-    if args.only in (None, "10k"):
-        results["10k"] = run(
-            "10k principals",
-            10_000,
-            100,
-            windows=windows,
-            batch=10,
-            single_share=args.single_share,
-            traced_calls=args.traced_calls,
-            seed=args.seed,
-        )
-    if args.only in (None, "100"):
-        results["100"] = run(
-            "100 principals",
-            100,
-            10_000,
-            windows=windows,
-            batch=100,
-            single_share=args.single_share,
-            traced_calls=args.traced_calls,
-            seed=args.seed,
-        )
+    # (key, label, principals, PIDs each, PIDs per multi-PID call)
+    for key, label, principals, pids_each, batch in (
+        ("10k", "10k principals", 10_000, 100, 10),
+        ("100", "100 principals", 100, 10_000, 100),
+    ):
+        if args.only in (None, key):
+            results[key] = run(
+                label,
+                principals,
+                pids_each,
+                windows=windows,
+                batch=batch,
+                single_share=args.single_share,
+                traced_calls=args.traced_calls,
+                seed=args.seed,
+            )
     fields = []
     for key, label in (("10k", "10k_principals"), ("100", "100_principals")):
         if key in results:

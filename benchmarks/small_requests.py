@@ -61,7 +61,7 @@ from pidgate.demo.broker import broker_binary, free_port
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import Cpu, Pidgate, stop_process, wait_listening  # noqa: E402
+from bench import Cpu, Pidgate, Served  # noqa: E402
 
 TOPIC = "pidgate-small"
 VALUE = b"v" * 100
@@ -72,7 +72,7 @@ PIPELINE_DEPTH = 32
 # -- processes --------------------------------------------------------------------------------
 
 
-class Broker:
+class Broker(Served):
     """A tansu broker (in memory). The floor's broker advertises the floor's port, so a client
     bootstrapping through the forwarder comes back through it (pidgate rewrites endpoints
     itself, the forwarder cannot); pidgate's broker advertises itself, or pidgate's upstream
@@ -80,56 +80,32 @@ class Broker:
 
     def __init__(self, log_dir: Path, name: str, advertised_port: int | None = None) -> None:
         self.port = free_port()
-        advertised_port = advertised_port or self.port
-        self._log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [
-                broker_binary(),
-                "broker",
-                "--listener-url",
-                f"tcp://127.0.0.1:{self.port}",
-                "--advertised-listener-url",
-                f"tcp://127.0.0.1:{advertised_port}",
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        wait_listening(self.port, self.process, "tansu")
+        command = [
+            broker_binary(),
+            "broker",
+            "--listener-url",
+            f"tcp://127.0.0.1:{self.port}",
+            "--advertised-listener-url",
+            f"tcp://127.0.0.1:{advertised_port or self.port}",
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        super().__init__(command, log_dir, name, [self.port])
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
 
-
-class Forwarder:
+class Forwarder(Served):
     def __init__(self, port: int, upstream: str, log_dir: Path) -> None:
         self.port = port
-        self._log = open(log_dir / "forwarder.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "forwarder.py"), str(port), upstream],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        wait_listening(port, self.process, "forwarder")
-        self.cpu = Cpu(self.process.pid)
+        command = [sys.executable, str(HERE / "forwarder.py"), str(port), upstream]
+        super().__init__(command, log_dir, "forwarder", [port])
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
 
 
 # -- raw frames -------------------------------------------------------------------------------
