@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import selectors
 import signal
 import socket
@@ -144,27 +145,47 @@ def peer_of(conn: KafkaSocket) -> str:
 
 
 class Deliveries:
-    """Delivery reports by record value (thread-safe), each with the time it reached the app."""
+    """Delivery reports by record value, each with the time it reached the app.
+
+    librdkafka calls ``on_delivery`` from whichever thread serves its queue (poll, flush, or a
+    producer being destroyed), possibly while that same thread is already inside this object,
+    so the callback never takes a lock: it only puts the report on a ``SimpleQueue`` (whose
+    ``put`` is reentrant). Readers fold the queue in under their own lock."""
 
     def __init__(self) -> None:
+        self._incoming: queue.SimpleQueue[tuple[str, Any, float, int, int | None]] = (
+            queue.SimpleQueue()
+        )
         self._lock = threading.Lock()
-        self.reports: dict[str, list[tuple[Any, float]]] = {}
-        #: partition -> one past the highest offset acknowledged in it.
-        self.acked_ends: dict[int, int] = {}
+        self._reports: dict[str, list[tuple[Any, float]]] = {}
+        self._acked_ends: dict[int, int] = {}
 
     def on_delivery(self, error: Any, message: Any) -> None:
-        value = message.value().decode()
-        with self._lock:
-            self.reports.setdefault(value, []).append((error, time.monotonic()))
-            if error is None and message.offset() is not None:
-                partition = message.partition()
-                self.acked_ends[partition] = max(
-                    self.acked_ends.get(partition, 0), message.offset() + 1
-                )
+        offset = message.offset() if error is None else None
+        self._incoming.put(
+            (message.value().decode(), error, time.monotonic(), message.partition(), offset)
+        )
+
+    def _fold_in(self) -> None:
+        while True:
+            try:
+                value, error, at, partition, offset = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            self._reports.setdefault(value, []).append((error, at))
+            if offset is not None:
+                self._acked_ends[partition] = max(self._acked_ends.get(partition, 0), offset + 1)
 
     def snapshot(self) -> dict[str, list[tuple[Any, float]]]:
         with self._lock:
-            return {value: list(reports) for value, reports in self.reports.items()}
+            self._fold_in()
+            return {value: list(reports) for value, reports in self._reports.items()}
+
+    def acked_ends(self) -> dict[int, int]:
+        """partition -> one past the highest offset acknowledged in it."""
+        with self._lock:
+            self._fold_in()
+            return dict(self._acked_ends)
 
     def delivered_after(self, since: float, prefix: str = "") -> set[str]:
         return {
@@ -1072,7 +1093,7 @@ def test_sigterm_under_load(broker: EmbeddedBroker, tmp_path: Path) -> None:
         assert all(e.code() in RETRIABLE_TRANSPORT_CODES for e in failures.values()), failures
         delivered = deliveries.delivered()
         in_broker = read_values(
-            broker.bootstrap, topic, partitions=3, acked_ends=dict(deliveries.acked_ends)
+            broker.bootstrap, topic, partitions=3, acked_ends=deliveries.acked_ends()
         )
         assert max(in_broker.values(), default=1) == 1, "a record is in the broker twice"
         assert delivered <= set(in_broker), sorted(delivered - set(in_broker))[:10]

@@ -147,7 +147,7 @@ def test_a_throttled_librdkafka_producer_keeps_its_epoch_and_stores_each_record_
     create_topic(proxy.bootstrap, topic)
     errors: list[str] = []
     delivered: list[bytes] = []
-    sent = [b"steady-%06d" % i for i in range(20_000)]
+    sent: list[bytes] = []
     producer = Producer(
         {
             "bootstrap.servers": proxy.bootstrap,
@@ -165,11 +165,21 @@ def test_a_throttled_librdkafka_producer_keeps_its_epoch_and_stores_each_record_
         else:
             delivered.append(message.value())
 
+    stop = threading.Event()
+
     def stream() -> None:
-        for start in range(0, len(sent), 100):  # ~2.5k records/s for ~8 s
-            for value in sent[start : start + 100]:
+        """100 records every 40 ms (~2.5k/s) until told to stop (at most 20 s), serving delivery
+        reports all along: they reach ``on_delivery`` only from poll(), which returns early
+        whenever it serves one, so the pace is kept by the clock, not by counting polls."""
+        next_tick = time.monotonic()
+        while not stop.is_set() and len(sent) < 50_000:
+            for _ in range(100):
+                value = b"steady-%06d" % len(sent)
                 producer.produce(topic, value, partition=0, on_delivery=on_delivery)
-            producer.poll(0.04)
+                sent.append(value)
+            next_tick += 0.04
+            while (wait_s := next_tick - time.monotonic()) > 0:
+                producer.poll(wait_s)
 
     spenders = iter(range(900_000, 900_010))
 
@@ -185,7 +195,11 @@ def test_a_throttled_librdkafka_producer_keeps_its_epoch_and_stores_each_record_
         wanted = len(delivered) + 100
         wait_until(lambda wanted=wanted: len(delivered) > wanted, 20, "deliveries")
         proxy.call_and_wait(forget_and_spend)
+    wanted = len(delivered) + 100
+    wait_until(lambda: len(delivered) > wanted, 20, "deliveries after the last rejection")
+    stop.set()
     streaming.join(30)
+    assert not streaming.is_alive()
     assert producer.flush(60) == 0
 
     assert errors == []
