@@ -161,10 +161,20 @@ class Deliveries:
         self._acked_ends: dict[int, int] = {}
 
     def on_delivery(self, error: Any, message: Any) -> None:
+        pending: BaseException | None = None
+        try:
+            value = message.value()
+        except SystemError as broken:
+            # confluent-kafka 2.16 can serve a delivery report while the fatal error it is
+            # raising from poll()/flush() is still pending: the callback's first C call then
+            # fails with it as the cause (and clears it). Read the report again, keep it, and
+            # raise the fatal error on, so the application still sees it where it would have.
+            pending = broken.__cause__ or broken
+            value = message.value()
         offset = message.offset() if error is None else None
-        self._incoming.put(
-            (message.value().decode(), error, time.monotonic(), message.partition(), offset)
-        )
+        self._incoming.put((value.decode(), error, time.monotonic(), message.partition(), offset))
+        if pending is not None:
+            raise pending
 
     def _fold_in(self) -> None:
         while True:
@@ -245,6 +255,16 @@ def read_values(
 # -- 1. the broker killed and restarted under load -----------------------------------------------
 
 
+def _fatal_kafka_error(error: BaseException) -> Any:
+    """The fatal ``KafkaError`` behind ``error`` (itself, or its cause), else None."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, KafkaException) and seen.args and seen.args[0].fatal():
+            return seen.args[0]
+        seen = seen.__cause__
+    return None
+
+
 class RestartingApp:
     """An application producing numbered records steadily with an idempotent librdkafka
     producer. It replaces its producer (purge, so every queued record gets a failure report;
@@ -308,13 +328,15 @@ class RestartingApp:
         )
 
     def _serve(self, call: Callable[[float], int], timeout_s: float) -> int | None:
-        """``call(timeout_s)`` (poll or flush); librdkafka raises its fatal error there too."""
+        """``call(timeout_s)`` (poll or flush); librdkafka raises its fatal error there too,
+        possibly as the cause of an error a callback met while it was pending."""
         try:
             return call(timeout_s)
-        except KafkaException as error:
-            if not error.args[0].fatal():
+        except (KafkaException, SystemError) as error:
+            fatal = _fatal_kafka_error(error)
+            if fatal is None:
                 raise
-            self._on_error(error.args[0])
+            self._on_error(fatal)
             return None
 
     def _retire(self, producer: Any) -> None:
