@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
@@ -240,15 +241,27 @@ def decode_produce(payload: bytes, version: int) -> Any:
     return decode_response(ProduceResponse, payload, version)
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout_s: float = 20.0) -> None:
-    """Create ``name`` through ``bootstrap`` (pidgate) with confluent-kafka's AdminClient."""
+def create_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int = 1,
+    timeout_s: float = 20.0,
+    *,
+    exist_ok: bool = False,
+) -> None:
+    """Create ``name`` through ``bootstrap`` (pidgate) with confluent-kafka's AdminClient;
+    ``exist_ok``: a topic already there (TOPIC_ALREADY_EXISTS) is not an error."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1)],
         operation_timeout=timeout_s,
         request_timeout=timeout_s,
     )
-    futures[name].result(timeout=timeout_s)
+    try:
+        futures[name].result(timeout=timeout_s)
+    except KafkaException as error:
+        if not (exist_ok and error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise
     wait_until(
         lambda: name in admin.list_topics(timeout=5).topics,
         timeout_s,

@@ -168,15 +168,17 @@ def test_a_throttled_librdkafka_producer_keeps_its_epoch_and_stores_each_record_
     stop = threading.Event()
 
     def stream() -> None:
-        """100 records every 40 ms (~2.5k/s) until told to stop (at most 20 s), serving delivery
-        reports all along: they reach ``on_delivery`` only from poll(), which returns early
-        whenever it serves one, so the pace is kept by the clock, not by counting polls."""
-        next_tick = time.monotonic()
-        while not stop.is_set() and len(sent) < 50_000:
-            for _ in range(100):
-                value = b"steady-%06d" % len(sent)
-                producer.produce(topic, value, partition=0, on_delivery=on_delivery)
-                sent.append(value)
+        """100 records every 40 ms (~2.5k/s) until told to stop (production ends after 50,000
+        records, ~20 s), serving delivery reports until told to stop (at most 120 s): reports
+        reach ``on_delivery`` only from poll(), which returns early whenever it serves one, so
+        the pace is kept by the clock, not by counting polls."""
+        started = next_tick = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < 120:
+            if len(sent) < 50_000:
+                for _ in range(100):
+                    value = b"steady-%06d" % len(sent)
+                    producer.produce(topic, value, partition=0, on_delivery=on_delivery)
+                    sent.append(value)
             next_tick += 0.04
             while (wait_s := next_tick - time.monotonic()) > 0:
                 producer.poll(wait_s)
@@ -190,15 +192,17 @@ def test_a_throttled_librdkafka_producer_keeps_its_epoch_and_stores_each_record_
 
     streaming = threading.Thread(target=stream)
     streaming.start()
-    for _ in range(3):
-        # Each time once the producer is flowing again: it was admitted after the last one.
+    try:
+        for _ in range(3):
+            # Each time once the producer is flowing again: it was admitted after the last one.
+            wanted = len(delivered) + 100
+            wait_until(lambda wanted=wanted: len(delivered) > wanted, 20, "deliveries")
+            proxy.call_and_wait(forget_and_spend)
         wanted = len(delivered) + 100
-        wait_until(lambda wanted=wanted: len(delivered) > wanted, 20, "deliveries")
-        proxy.call_and_wait(forget_and_spend)
-    wanted = len(delivered) + 100
-    wait_until(lambda: len(delivered) > wanted, 20, "deliveries after the last rejection")
-    stop.set()
-    streaming.join(30)
+        wait_until(lambda: len(delivered) > wanted, 20, "deliveries after the last rejection")
+    finally:
+        stop.set()
+        streaming.join(30)
     assert not streaming.is_alive()
     assert producer.flush(60) == 0
 
