@@ -158,7 +158,8 @@ class Deliveries:
         )
         self._lock = threading.Lock()
         self._reports: dict[str, list[tuple[Any, float]]] = {}
-        self._acked_ends: dict[int, int] = {}
+        #: (time reported, partition, offset) of every acknowledged record.
+        self._acked: list[tuple[float, int, int]] = []
 
     def on_delivery(self, error: Any, message: Any) -> None:
         pending: BaseException | None = None
@@ -184,18 +185,23 @@ class Deliveries:
                 return
             self._reports.setdefault(value, []).append((error, at))
             if offset is not None:
-                self._acked_ends[partition] = max(self._acked_ends.get(partition, 0), offset + 1)
+                self._acked.append((at, partition, offset))
 
     def snapshot(self) -> dict[str, list[tuple[Any, float]]]:
         with self._lock:
             self._fold_in()
             return {value: list(reports) for value, reports in self._reports.items()}
 
-    def acked_ends(self) -> dict[int, int]:
-        """partition -> one past the highest offset acknowledged in it."""
+    def acked_ends(self, since: float = 0.0) -> dict[int, int]:
+        """partition -> one past the highest offset acknowledged in it by a report that reached
+        the app after ``since`` (monotonic time)."""
         with self._lock:
             self._fold_in()
-            return dict(self._acked_ends)
+            ends: dict[int, int] = {}
+            for at, partition, offset in self._acked:
+                if at > since:
+                    ends[partition] = max(ends.get(partition, 0), offset + 1)
+            return ends
 
     def delivered_after(self, since: float, prefix: str = "") -> set[str]:
         return {
@@ -480,7 +486,12 @@ def test_broker_killed_and_restarted_mid_load() -> None:
 
         # Acknowledged after the restart: in the new broker's log exactly once (and nothing
         # is in it twice), read through the same pidgate.
-        in_log = read_values(proxy.bootstrap, topic, partitions=1)
+        in_log = read_values(
+            proxy.bootstrap,
+            topic,
+            partitions=1,
+            acked_ends=app.deliveries.acked_ends(since=restarted_at),
+        )
         delivered_after = app.deliveries.delivered_after(restarted_at)
         assert max(in_log.values(), default=1) == 1, "a record is in the log twice"
         assert delivered_after <= set(in_log), sorted(delivered_after - set(in_log))[:10]
