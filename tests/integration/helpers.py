@@ -248,9 +248,10 @@ def create_topic(
     timeout_s: float = 20.0,
     *,
     exist_ok: bool = False,
-) -> None:
+) -> int:
     """Create ``name`` through ``bootstrap`` (pidgate) with confluent-kafka's AdminClient;
-    ``exist_ok``: a topic already there (TOPIC_ALREADY_EXISTS) is not an error."""
+    ``exist_ok``: a topic already there (TOPIC_ALREADY_EXISTS) is not an error. Returns the
+    topic's partition count as the broker then reports it (an existing topic keeps its own)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=1)],
@@ -267,6 +268,7 @@ def create_topic(
         timeout_s,
         f"topic {name} visible in metadata",
     )
+    return len(admin.list_topics(topic=name, timeout=5).topics[name].partitions)
 
 
 def unique_name(prefix: str) -> str:

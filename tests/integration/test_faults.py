@@ -453,8 +453,9 @@ def test_broker_killed_and_restarted_mid_load() -> None:
         second = start_broker_on(port)
         restarted_at = time.monotonic()
         # In-memory storage: the new broker starts empty. The producer's own metadata requests
-        # may have had tansu create the topic already (auto-create), which is as good.
-        create_topic(proxy.bootstrap, topic, exist_ok=True)
+        # may have had tansu create the topic already (auto-create, with tansu's default
+        # partition count): then the records after the restart spread over its partitions.
+        partitions_after = create_topic(proxy.bootstrap, topic, exist_ok=True)
         try:
             wait_until(
                 lambda: len(app.deliveries.delivered_after(restarted_at)) >= 200,
@@ -489,7 +490,7 @@ def test_broker_killed_and_restarted_mid_load() -> None:
         in_log = read_values(
             proxy.bootstrap,
             topic,
-            partitions=1,
+            partitions=partitions_after,
             acked_ends=app.deliveries.acked_ends(since=restarted_at),
         )
         delivered_after = app.deliveries.delivered_after(restarted_at)
