@@ -88,6 +88,30 @@ def test_parse_agrees_with_kafka_python(
     assert parse_produce_request(memoryview(framed)[6:], version) == summary
 
 
+def test_the_lean_walk_reads_long_arrays_and_records() -> None:
+    # The walk reads one-byte array lengths and one- or two-byte records lengths inline: 130
+    # topics of 130 partitions (two-byte compact lengths) and records of 0, ~170 and 10,000+
+    # bytes' worth (one-, two- and three-byte varints: empty, a batch, 60 batches) go through
+    # the shared readers.
+    small = build_records([BatchSpec(2, 0, 11, 0, 0, False, 1)])
+    big = build_records([BatchSpec(2, 0, 12, 0, 0, False, 3)] * 60)
+    assert 0x7F < len(small) < 0x3FFF < len(big)
+    many_partitions = [(index, small) for index in range(130)]
+    for version in VERSIONS:
+        body = produce_request_body(
+            version,
+            None,
+            -1,
+            1000,
+            [(f"t{i}", bytes(16), many_partitions) for i in range(130)]
+            + [("big", b"b" * 16, [(0, big), (1, None), (2, b"")])],
+        )
+        summary = parse_produce_request(body, version)
+        expected = (-1, _batch_order_pids(summary))
+        assert expected[1].count(11) == 130 * 130 and expected[1].count(12) == 60
+        assert produce_acks_and_producer_ids(body, version) == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(version=st.sampled_from(VERSIONS), topics=topics_st, data=st.data())
 def test_truncated_or_corrupted_only_raises_protocol_errors(

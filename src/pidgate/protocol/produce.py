@@ -405,8 +405,11 @@ def produce_acks_and_producer_ids(
     guard). PIDs are in batch order, duplicates kept, -1 (no PID) left out; a legacy (magic
     0/1) batch carries none.
     """
-    _check_version(api_version)
-    buf = as_memoryview(body)
+    if api_version not in SUPPORTED_PRODUCE_VERSIONS:
+        _check_version(api_version)
+    # Calls are what the per-request path pays for most (issue "lean"): a byte view as the
+    # connection hands it over is used as is.
+    buf = body if type(body) is memoryview and body.format == "B" else as_memoryview(body)
     try:
         return _walk_producer_ids(buf, api_version)
     except (struct.error, IndexError, ValueError) as exc:
@@ -443,7 +446,13 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
     acks = I16.unpack_from(buf, pos)[0]
     pos += 6
     producer_ids: list[int] = []
-    topic_count, pos = _array_len(buf, pos, flexible, "topic_data")
+    # Array lengths, records lengths and tagged-field sections take their one-byte (and for
+    # records, two-byte) forms inline; anything longer goes through the shared readers.
+    topic_count = buf[pos] - 1 if flexible else -1
+    if 0 <= topic_count < 0x7F and topic_count < end - pos:
+        pos += 1
+    else:
+        topic_count, pos = _array_len(buf, pos, flexible, "topic_data")
     for _ in range(topic_count):
         if api_version >= FIRST_TOPIC_ID_PRODUCE_VERSION:
             pos += 16
@@ -461,11 +470,24 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
             pos += 2 + (size if size > 0 else 0)
         if pos > end:
             raise MalformedMessageError("truncated Produce request: topic")
-        partition_count, pos = _array_len(buf, pos, flexible, "partition_data")
+        partition_count = buf[pos] - 1 if flexible else -1
+        if 0 <= partition_count < 0x7F and partition_count < end - pos:
+            pos += 1
+        else:
+            partition_count, pos = _array_len(buf, pos, flexible, "partition_data")
         for _ in range(partition_count):
             if pos + 4 > end:
                 raise MalformedMessageError("truncated Produce request: partition index")
-            size, pos = _records_length(buf, pos + 4, flexible)
+            pos += 4
+            size = buf[pos] if flexible else 0x80
+            if size < 0x80:
+                size -= 1  # compact nullable bytes: 0 = null
+                pos += 1
+            elif flexible and buf[pos + 1] < 0x80:
+                size = (size & 0x7F | buf[pos + 1] << 7) - 1
+                pos += 2
+            else:
+                size, pos = _records_length(buf, pos, flexible)
             if size >= 0:
                 stop = pos + size
                 if stop > end:
@@ -503,7 +525,7 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
                 pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
         if flexible:
             pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
-    if flexible:
+    if flexible and buf[pos] != 0:
         skip_tagged_fields(buf, pos)
     return acks, tuple(producer_ids)
 

@@ -339,7 +339,8 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_active_s = time.monotonic()
-        self._gate.enforce()  # at most this one read while paused (uvloop, see ReadGate)
+        if self._gate.held:
+            self._gate.enforce()  # at most this one read while paused (uvloop, see ReadGate)
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as error:
@@ -600,12 +601,8 @@ class ClientConnection(asyncio.Protocol):
         # inbox (at most one read's worth: reading is paused) until responses drain.
         max_in_flight = self._settings.proxy.max_in_flight_requests
         slots = self._slots
-        while (
-            self._inbox
-            and len(slots) < max_in_flight
-            and not self._gate.holds("mute")
-            and not self.closed
-        ):
+        held = self._gate.held
+        while self._inbox and len(slots) < max_in_flight and "mute" not in held and not self.closed:
             request = self._inbox.popleft()
             try:
                 outgoing = self._handle_request(request)
@@ -623,8 +620,8 @@ class ClientConnection(asyncio.Protocol):
             self._flush_responses()  # answers made here, now first in line
         elif len(slots) >= max_in_flight:
             self._gate.pause("in_flight")
-        else:
-            self._gate.resume("in_flight")  # a no-op unless paused for it
+        elif "in_flight" in held:
+            self._gate.resume("in_flight")
 
     def _handle_request(self, request: bytes) -> bytes | None:
         """Account for one request; the frame to forward to the broker (usually ``request``
@@ -738,7 +735,7 @@ class ClientConnection(asyncio.Protocol):
                 )
             summary = _LazySummary(body, api_version)
             guard = self._order_guard
-            if guard and guard.overtakes(summary()):
+            if guard.withheld and guard.overtakes(summary()):
                 # An idempotent batch behind one rejected here: a broker would fail it too
                 # (OUT_OF_ORDER_SEQUENCE), and the client retries both in order.
                 self._hold(api_version, correlation_id, summary(), context)
@@ -747,7 +744,7 @@ class ClientConnection(asyncio.Protocol):
             if isinstance(decision, Rejected):
                 self._reject(api_version, correlation_id, summary(), decision, context)
                 return None
-            if guard:
+            if guard.withheld:
                 guard.admitted(summary())
         if acks == 0:
             self._acks0_ids.append(correlation_id)
@@ -917,7 +914,7 @@ class ClientConnection(asyncio.Protocol):
             self._last_active_s = time.monotonic()
         if len(slots) >= self._settings.proxy.max_in_flight_requests:
             self._gate.pause("in_flight")
-        else:
+        elif "in_flight" in self._gate.held:
             self._gate.resume("in_flight")
 
     # -- failures -----------------------------------------------------------------------------

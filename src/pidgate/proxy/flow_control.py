@@ -42,36 +42,38 @@ class ReadGate:
 
     def __init__(self, on_pause: Callable[[], None] | None = None) -> None:
         self.transport: asyncio.Transport | None = None
-        self._reasons: set[str] = set()
+        #: The reasons reading is paused for; read-only outside this class (the connection's
+        #: per-request path tests it inline: no method call while nothing holds, issue "lean").
+        self.held: set[str] = set()
         #: Called when reading pauses (no reason held before this one).
         self._on_pause = on_pause
 
     def pause(self, reason: str) -> None:
-        first = not self._reasons
+        first = not self.held
         if first and self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
-        self._reasons.add(reason)
+        self.held.add(reason)
         if first and self._on_pause is not None:
             self._on_pause()
 
     @property
     def paused(self) -> bool:
-        return bool(self._reasons)
+        return bool(self.held)
 
     def resume(self, reason: str) -> None:
-        if reason not in self._reasons:
+        if reason not in self.held:
             return
-        self._reasons.discard(reason)
-        if not self._reasons and self.transport is not None and not self.transport.is_closing():
+        self.held.discard(reason)
+        if not self.held and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
     def attach(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        if self._reasons:
+        if self.held:
             transport.pause_reading()
 
     def holds(self, reason: str) -> bool:
-        return reason in self._reasons
+        return reason in self.held
 
     def enforce(self) -> None:
         """Pause again if the transport is reading while a reason holds. uvloop starts reading
@@ -80,7 +82,7 @@ class ReadGate:
         while its broker connection was still being made was read into memory, unbounded."""
         transport = self.transport
         if (
-            self._reasons
+            self.held
             and transport is not None
             and transport.is_reading()
             and not transport.is_closing()

@@ -84,31 +84,33 @@ def _pid_batches(request: ProduceRequestSummary) -> list[tuple[_Key, int, int]]:
 class ProduceOrderGuard:
     """Withheld batches of one client connection (see module docstring)."""
 
-    __slots__ = ("_max_withheld", "_ttl_ms", "_withheld", "dropped")
+    __slots__ = ("_max_withheld", "_ttl_ms", "dropped", "withheld")
 
     def __init__(self, max_withheld: int = 4096, withheld_ttl_ms: int = 600_000) -> None:
         if max_withheld < 1:
             raise ValueError(f"max_withheld must be >= 1, got {max_withheld}")
         self._max_withheld = max_withheld
         self._ttl_ms = withheld_ttl_ms
-        self._withheld: dict[_Key, _Withheld] = {}
+        #: The holds; read-only outside this class (the connection tests it inline, so a
+        #: connection with nothing withheld pays no call per request: issue "lean").
+        self.withheld: dict[_Key, _Withheld] = {}
         #: Holds dropped because the table was full (each one an ordering no longer protected).
         self.dropped = 0
 
     def __bool__(self) -> bool:
         """False when nothing is withheld: the hot path then skips the guard entirely."""
-        return bool(self._withheld)
+        return bool(self.withheld)
 
     def __len__(self) -> int:
-        return len(self._withheld)
+        return len(self.withheld)
 
     def withheld_producer_ids(self) -> frozenset[int]:
-        return frozenset(key[0] for key in self._withheld)
+        return frozenset(key[0] for key in self.withheld)
 
     def overtakes(self, request: ProduceRequestSummary) -> bool:
         """True when ``request`` carries a batch that would overtake a withheld one: it must be
         rejected like the batch it follows. Drops holds made stale by an epoch change."""
-        withheld = self._withheld
+        withheld = self.withheld
         if not withheld:
             return False
         for key, epoch, sequence in _pid_batches(request):
@@ -124,7 +126,7 @@ class ProduceOrderGuard:
     def rejected(self, request: ProduceRequestSummary, now_ms: int) -> None:
         """``request`` was answered with a rejection: withhold each of its PID batches (the
         first rejected sequence per key stays the one the client must retry first)."""
-        withheld = self._withheld
+        withheld = self.withheld
         self._expire(now_ms)
         for key, epoch, sequence in _pid_batches(request):
             held = withheld.get(key)
@@ -139,7 +141,7 @@ class ProduceOrderGuard:
 
     def admitted(self, request: ProduceRequestSummary) -> None:
         """``request`` goes to the broker: lift every hold whose retry it carries."""
-        withheld = self._withheld
+        withheld = self.withheld
         if not withheld:
             return
         for key, epoch, sequence in _pid_batches(request):
@@ -148,7 +150,7 @@ class ProduceOrderGuard:
                 del withheld[key]
 
     def _expire(self, now_ms: int) -> None:
-        withheld = self._withheld
+        withheld = self.withheld
         horizon = now_ms - self._ttl_ms
         while withheld:
             key, held = next(iter(withheld.items()))
