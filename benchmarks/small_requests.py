@@ -2,7 +2,7 @@
 
     python benchmarks/small_requests.py [--rounds 5] [--requests 20000] [--producers 16]
                                         [--records-per-producer 400] [--baseline-src DIR]
-                                        [--profile FILE] [--only WORKLOAD]
+                                        [--profile FILE] [--only WORKLOAD] [--minimal-gate]
 
 The PID-explosion workload is many producers sending small requests, so what pidgate costs per
 request matters more than what it costs per byte. This script starts one tansu broker, the
@@ -21,6 +21,10 @@ round:
 * ``librdkafka``: ``--producers`` confluent-kafka producers (idempotent, so acks=all,
   ``linger.ms=0``), each in its own thread producing one record and waiting for its delivery
   report, ``--records-per-producer`` times: one record per Produce request, many connections.
+
+``--minimal-gate`` adds a third process on the raw-frame workloads, ``minimal_gate.py``: frames
+cut, headers and correlation ids read, nothing else. It shows how much of pidgate's distance
+from the floor any Python process that reads Kafka frames pays on this machine.
 
 CPU is each proxy process's schedstat time (all threads, ns) over the run, divided by the
 Produce requests the run sent. The ``BENCH_SMALL`` line gives per workload the floor's and
@@ -98,10 +102,14 @@ class Broker(Served):
 
 
 class Forwarder(Served):
-    def __init__(self, port: int, upstream: str, log_dir: Path) -> None:
+    """``forwarder.py`` (the floor), or another script of the same command line."""
+
+    def __init__(
+        self, port: int, upstream: str, log_dir: Path, script: str = "forwarder.py"
+    ) -> None:
         self.port = port
-        command = [sys.executable, str(HERE / "forwarder.py"), str(port), upstream]
-        super().__init__(command, log_dir, "forwarder", [port])
+        command = [sys.executable, str(HERE / script), str(port), upstream]
+        super().__init__(command, log_dir, Path(script).stem, [port])
 
     @property
     def bootstrap(self) -> str:
@@ -339,6 +347,8 @@ class Measured:
     requests_per_s: dict[str, list[float]] = field(default_factory=dict)
     cpu_ratio: list[float] = field(default_factory=list)
     throughput_ratio: list[float] = field(default_factory=list)
+    #: baseline/floor and minimal/floor CPU ratios, paired per round like ``cpu_ratio``.
+    other_cpu_ratios: dict[str, list[float]] = field(default_factory=dict)
 
 
 def measure_round(
@@ -365,8 +375,11 @@ def measure_round(
     got.cpu_ratio.append(per["pidgate"][0] / per["floor"][0])
     got.throughput_ratio.append(per["pidgate"][1] / per["floor"][1])
     extra = ""
-    if "baseline" in per:
-        extra = f" baseline/floor {per['baseline'][0] / per['floor'][0]:.2f}"
+    for other in ("baseline", "minimal"):
+        if other in per:
+            ratio = per[other][0] / per["floor"][0]
+            got.other_cpu_ratios.setdefault(other, []).append(ratio)
+            extra += f" {other}/floor {ratio:.2f}"
     return (
         f"{workload.name:16s} "
         + " | ".join(line)
@@ -380,11 +393,14 @@ def report(results: dict[str, Measured]) -> str:
     fields = []
     for name, m in results.items():
         floor, pidgate = med(m.us_per_request["floor"]), med(m.us_per_request["pidgate"])
-        baseline = ""
-        if "baseline" in m.us_per_request:
-            baseline = f", baseline {med(m.us_per_request['baseline']):.1f}"
+        others = "".join(
+            f", {other} {med(m.us_per_request[other]):.1f} µs "
+            f"({med(m.other_cpu_ratios[other]):.2f}x floor)"
+            for other in ("baseline", "minimal")
+            if other in m.us_per_request
+        )
         print(
-            f"{name:16s} CPU/request floor {floor:6.1f} µs  pidgate {pidgate:6.1f} µs{baseline}  "
+            f"{name:16s} CPU/request floor {floor:6.1f} µs  pidgate {pidgate:6.1f} µs{others}  "
             f"ratio {med(m.cpu_ratio):.2f} (rounds {', '.join(f'{r:.2f}' for r in m.cpu_ratio)})  "
             f"throughput pidgate/floor {med(m.throughput_ratio):.2f}"
         )
@@ -393,6 +409,11 @@ def report(results: dict[str, Measured]) -> str:
             f"{key}_floor_us={floor:.1f} {key}_pidgate_us={pidgate:.1f} "
             f"{key}_cpu_ratio={med(m.cpu_ratio):.2f} {key}_throughput_ratio={med(m.throughput_ratio):.2f}"
         )
+        if "minimal" in m.us_per_request:
+            fields.append(
+                f"{key}_minimal_us={med(m.us_per_request['minimal']):.1f} "
+                f"{key}_minimal_cpu_ratio={med(m.other_cpu_ratios['minimal']):.2f}"
+            )
     return " ".join(fields)
 
 
@@ -424,6 +445,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--producers", type=int, default=16)
     parser.add_argument("--records-per-producer", type=int, default=400)
     parser.add_argument("--only", help="run only this workload")
+    parser.add_argument(
+        "--minimal-gate",
+        action="store_true",
+        help="also measure minimal_gate.py (frames, headers, correlation ids; no quota) on the "
+        "raw-frame workloads: the least any Python Kafka-aware gate pays here",
+    )
 
 
 def main() -> int:
@@ -443,7 +470,7 @@ def run(args: argparse.Namespace) -> str:
     """Every round of every workload, printed as it goes; returns the BENCH fields."""
     log_dir = Path(tempfile.mkdtemp(prefix="pidgate-small-"))
     forwarder_port = free_port()
-    floor_broker = broker = forwarder = pidgate = baseline = None
+    floor_broker = broker = forwarder = pidgate = baseline = minimal = None
     try:
         floor_broker = Broker(log_dir, "tansu-floor", forwarder_port)
         broker = Broker(log_dir, "tansu")
@@ -459,6 +486,11 @@ def run(args: argparse.Namespace) -> str:
             "floor": (forwarder.bootstrap, forwarder.cpu),
             "pidgate": (pidgate.bootstrap, pidgate.cpu),
         }
+        if getattr(args, "minimal_gate", False):
+            # Raw frames only: it rewrites no endpoints, so clients bootstrapping through it
+            # would be sent to the floor's forwarder.
+            minimal = Forwarder(free_port(), floor_broker.address, log_dir, "minimal_gate.py")
+            targets["minimal"] = (minimal.bootstrap, minimal.cpu)
         if getattr(args, "baseline_src", None):
             baseline = Pidgate(
                 broker.address, log_dir, args.baseline_src, "pidgate-baseline", rate=1_000_000_000
@@ -475,16 +507,20 @@ def run(args: argparse.Namespace) -> str:
             f"{pidgate.process.pid}; {args.rounds} rounds; logs in {log_dir}",
             flush=True,
         )
+
+        def targets_of(w: Workload) -> list[str]:
+            return [n for n in targets if n != "minimal" or w.name != "librdkafka"]
+
         for w in workloads:  # warm-up, not counted
-            for name in targets:
+            for name in targets_of(w):
                 w.run(targets[name][0], w.prepare(targets[name][0]))
         profile = getattr(args, "profile", None)
         spy = start_profile(pidgate.process.pid, profile) if profile else None
         results: dict[str, Measured] = {}
-        names = list(targets)
         for rnd in range(args.rounds):
-            order = names if rnd % 2 == 0 else names[::-1]
             for w in workloads:
+                names = targets_of(w)
+                order = names if rnd % 2 == 0 else names[::-1]
                 print(f"round {rnd + 1}: " + measure_round(w, targets, results, order), flush=True)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -494,7 +530,7 @@ def run(args: argparse.Namespace) -> str:
             print_profile(profile)
         return f"{report(results)} small_rounds={args.rounds}"
     finally:
-        for p in (baseline, pidgate, forwarder, broker, floor_broker):
+        for p in (minimal, baseline, pidgate, forwarder, broker, floor_broker):
             if p is not None:
                 p.stop()
 

@@ -1,0 +1,114 @@
+"""A reference point between the floor and pidgate: the least a Kafka-aware gate does per
+request, in pure Python on uvloop.
+
+    python benchmarks/minimal_gate.py LISTEN_PORT UPSTREAM_HOST:UPSTREAM_PORT
+
+Per request: cut the frame out of the stream, read its header (api_key, api_version,
+correlation_id), for a Produce read 8 bytes of the body and count them in a dict (a stand-in
+for finding the PID and asking whether it is known: no walk), and remember the correlation id;
+per response: cut the frame, check its correlation id against the oldest one owed, pass it on.
+No quota, no metrics, no flow control, no endpoint rewriting (so only raw-frame workloads can
+go through it). What it costs above ``forwarder.py`` is what any Python process that reads
+Kafka frames pays on this machine; what pidgate costs above it is pidgate's own work
+(``small_requests.py --minimal-gate``). Not a test, not a product.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import sys
+from collections import deque
+from typing import cast
+
+import uvloop
+
+_HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+_CORRELATION_ID = struct.Struct(">i")
+_SIZE = struct.Struct(">i")
+seen_producer_ids: dict[int, int] = {}
+
+
+def cut_frames(buffer: bytearray) -> list[bytes]:
+    """Every complete size-prefixed frame at the start of ``buffer``, removed from it."""
+    frames = []
+    while len(buffer) >= 4:
+        end = 4 + _SIZE.unpack_from(buffer)[0]
+        if len(buffer) < end:
+            break
+        frames.append(bytes(buffer[:end]))
+        del buffer[:end]
+    return frames
+
+
+class Upstream(asyncio.Protocol):
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        owed = self.client.owed
+        frames = cut_frames(self.buffer)
+        for response in frames:
+            if _CORRELATION_ID.unpack_from(response, 4)[0] != owed.popleft():
+                raise RuntimeError("a response out of order")
+        if frames:
+            self.client.transport.write(b"".join(frames))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client.transport.close()
+
+
+class Client(asyncio.Protocol):
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.upstream: asyncio.Transport | None = None
+        self.pending: list[bytes] = []
+        self.buffer = bytearray()
+        self.owed: deque[int] = deque()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        upstream, _ = await loop.create_connection(lambda: Upstream(self), self.host, self.port)
+        self.upstream = upstream
+        for data in self.pending:
+            upstream.write(data)
+        self.pending.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        frames = cut_frames(self.buffer)
+        for request in frames:
+            _, api_key, _, correlation_id = _HEADER.unpack_from(request)
+            if api_key == 0 and len(request) > 120:
+                stand_in = int.from_bytes(request[-118:-110], "big")
+                seen_producer_ids[stand_in] = seen_producer_ids.get(stand_in, 0) + 1
+            self.owed.append(correlation_id)
+        if not frames:
+            return
+        data = b"".join(frames)
+        if self.upstream is None:
+            self.pending.append(data)
+        else:
+            self.upstream.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+
+
+async def serve(listen_port: int, host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: Client(host, port), "127.0.0.1", listen_port)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    upstream_host, _, upstream_port = sys.argv[2].rpartition(":")
+    uvloop.run(serve(int(sys.argv[1]), upstream_host, int(upstream_port)))
