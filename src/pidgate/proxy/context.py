@@ -36,6 +36,11 @@ class TrafficObserver(Protocol):
     def produce_held(self) -> None: ...
 
 
+#: The shared read buffer's size: frames up to half of it are read into it, larger ones into
+#: buffers of their own (uvloop's own read buffer is 256 KiB, shared the same way).
+READ_SCRATCH_BYTES = 256 * 1024
+
+
 @dataclass
 class ProxyContext:
     settings: Settings
@@ -57,3 +62,6 @@ class ProxyContext:
     #: Misconfigurations said once (SASL through a pidgate with identity.sasl off, ...).
     notices: OperatorNotices = field(default_factory=OperatorNotices)
     connections: set[ClientConnection] = field(default_factory=set)
+    #: Where every client connection of this context's loop reads small frames into
+    #: (``FrameReader``: one loop reads one transport at a time).
+    read_scratch: bytearray = field(default_factory=lambda: bytearray(READ_SCRATCH_BYTES))
