@@ -1,13 +1,15 @@
 """Cutting a Kafka byte stream into frames (int32 big-endian size + payload).
 
-Owns ``FrameDecoder`` (incremental, bounded) and ``frame``. Frames are handed out *including*
-their 4-byte size prefix so the proxy can forward them untouched. Must not import: asyncio,
-socket, time, logging, structlog, prometheus_client, or any other pidgate package.
+Owns ``FrameDecoder`` (incremental, bounded: fed the bytes a plain protocol receives; the
+broker side uses it), ``FrameReader`` with ``FrameBufferBudget`` (the same cut over buffers it
+lends to ``asyncio.BufferedProtocol`` reads; the client side uses it, so big requests are read
+in place) and ``frame``. Frames are handed out *including* their 4-byte size prefix so the proxy
+can forward them untouched. Must not import: asyncio, socket, time, logging, structlog,
+prometheus_client, or any other pidgate package.
 """
 
 from __future__ import annotations
 
-import mmap
 import struct
 from collections import deque
 
@@ -16,9 +18,9 @@ from pidgate.protocol.errors import FrameTooLargeError
 _SIZE = struct.Struct(">i")
 SIZE_PREFIX_BYTES = 4
 
-#: A frame as a ``FrameReader`` hands it out, size prefix included: bytes, or the memory map
-#: a big frame was read into.
-Frame = bytes | mmap.mmap
+#: A frame as a ``FrameReader`` hands it out, size prefix included: bytes, or the bytearray a
+#: big frame was read into.
+Frame = bytes | bytearray
 
 
 def frame(payload: bytes) -> bytes:
@@ -127,6 +129,30 @@ class FrameDecoder:
         return b"".join(parts)
 
 
+class FrameBufferBudget:
+    """How many bytes the ``FrameReader`` s of one event loop may set aside, together, for big
+    frames still arriving. A frame's buffer is taken whole when its size prefix is read, before
+    its body has arrived; the budget is what keeps clients that announce big frames and stall
+    from making pidgate allocate what they announced (beyond it, frames are assembled from the
+    reads, in memory that grows only with what arrives)."""
+
+    __slots__ = ("available_bytes",)
+
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.available_bytes = budget_bytes
+
+    def take(self, nbytes: int) -> bool:
+        if nbytes > self.available_bytes:
+            return False
+        self.available_bytes -= nbytes
+        return True
+
+    def give(self, nbytes: int) -> None:
+        self.available_bytes += nbytes
+
+
 class FrameReader:
     """Cuts frames out of reads made into buffers it lends (``asyncio.BufferedProtocol``).
 
@@ -136,20 +162,31 @@ class FrameReader:
     reader, and the bytes read are zeroed once consumed (so nothing a client sent, credentials
     included, lingers in the shared buffer). An idle connection holds no buffer.
 
-    A big frame (over ``big_frame_bytes``) gets a buffer of its own size as soon as its prefix
-    is read: an anonymous private memory map, whose pages the kernel provides only as reads
-    fill them, so memory stays in proportion to what a client actually sent (announcing
-    ``max_frame_bytes`` and stalling costs address space, not memory). The following reads fill
-    it in place and it is handed out as is: a big Produce request's body is never copied in
-    user space (issue "lean": copying 1 MB frames was most of pidgate's CPU on big batches).
-    Where no map can be made, the frame is assembled from the reads like a small one. The size
-    prefix is checked before anything is kept.
+    A big frame (over ``big_frame_bytes``) gets a bytearray of its own size as soon as its
+    prefix is read, if ``budget`` has room for it; the following reads fill it in place and it
+    is handed out as is, so a big Produce request's body is never copied in user space (issue
+    "lean": copying 1 MB frames was most of pidgate's CPU on big batches). Without room, the
+    frame is assembled from the reads like a small one. ``release`` gives back what an
+    unfinished frame holds (call it when the connection ends). The size prefix is checked
+    before anything is kept.
     """
 
-    __slots__ = ("_big", "_big_filled", "_pending", "big_frame_bytes", "max_frame_bytes", "scratch")
+    __slots__ = (
+        "_big",
+        "_big_filled",
+        "_pending",
+        "big_frame_bytes",
+        "budget",
+        "max_frame_bytes",
+        "scratch",
+    )
 
     def __init__(
-        self, max_frame_bytes: int, scratch: bytearray, big_frame_bytes: int | None = None
+        self,
+        max_frame_bytes: int,
+        scratch: bytearray,
+        budget: FrameBufferBudget,
+        big_frame_bytes: int | None = None,
     ) -> None:
         if max_frame_bytes < 0:
             raise ValueError(f"max_frame_bytes must be >= 0, got {max_frame_bytes}")
@@ -157,10 +194,11 @@ class FrameReader:
             raise ValueError(f"scratch must hold at least 8 bytes, got {len(scratch)}")
         self.max_frame_bytes = max_frame_bytes
         self.scratch = scratch
+        self.budget = budget
         #: Frames above this may get their own buffer (default: half the scratch buffer).
         self.big_frame_bytes = len(scratch) // 2 if big_frame_bytes is None else big_frame_bytes
         self._pending = bytearray()  # the start of an incomplete frame
-        self._big: mmap.mmap | None = None
+        self._big: bytearray | None = None
         self._big_filled = 0
 
     @property
@@ -182,13 +220,20 @@ class FrameReader:
             self._big_filled += nbytes
             if self._big_filled < len(big):
                 return []
-            self._big, self._big_filled = None, 0
+            self.release()
             return [big]
         scratch = self.scratch
         try:
             return self._cut(memoryview(scratch)[:nbytes])
         finally:
             scratch[:nbytes] = bytes(nbytes)
+
+    def release(self) -> None:
+        """Drop an unfinished big frame's buffer and give its bytes back to the budget."""
+        big = self._big
+        if big is not None:
+            self._big, self._big_filled = None, 0
+            self.budget.give(len(big))
 
     def _cut(self, read: memoryview) -> list[Frame]:
         pending = self._pending
@@ -211,13 +256,10 @@ class FrameReader:
                 frames.append(bytes(data[start : start + total]))
                 start += total
                 continue
-            if total > self.big_frame_bytes:
-                try:
-                    big = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE)
-                except (OSError, ValueError, OverflowError):
-                    break  # no map to be had: assembled from the reads instead
+            if total > self.big_frame_bytes and self.budget.take(total):
+                big = self._big = bytearray(total)
                 big[:present] = data[start:end]
-                self._big, self._big_filled = big, present
+                self._big_filled = present
                 start = end
             break
         if data is pending:

@@ -193,7 +193,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.node_id = node_id
         self._settings = context.settings
         self._upstream_targets = upstream_targets
-        self._reader = FrameReader(self._settings.proxy.max_frame_bytes, context.read_scratch)
+        self._reader = FrameReader(
+            self._settings.proxy.max_frame_bytes, context.read_scratch, context.frame_buffer_budget
+        )
         self._gate = ReadGate(on_pause=self._watch_for_hang_up)
         self._hang_up_probe: asyncio.TimerHandle | None = None
         self._inbox: deque[Frame] = deque()
@@ -374,6 +376,7 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._reader.release()  # a big frame cut short gives its buffer back to the loop
         if self in self._context.connections:
             self._context.connections.discard(self)
             self._context.traffic.connection_closed(self.peer)
@@ -990,8 +993,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def write_frames(self, frames: list[Frame]) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            # A memory map is a buffer like bytes to the transport (typeshed lists fewer types).
-            self.transport.writelines(cast("list[bytes]", frames))
+            self.transport.writelines(frames)
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
