@@ -119,7 +119,7 @@ class ConnectionView:
         self.peer = conn.peer
         self.slots = len(conn._slots)
         self.inbox_bytes = sum(len(frame) for frame in conn._inbox)
-        self.partial_frame_bytes = conn._decoder.buffered_bytes
+        self.partial_frame_bytes = conn._reader.buffered_bytes
         self.in_flight_paused = conn._gate.holds("in_flight")
         self.muted = conn._gate.holds("mute")
         self.upstream_connected = conn._upstream is not None

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pidgate.protocol.errors import FrameTooLargeError
-from pidgate.protocol.framing import FrameDecoder, frame
+from pidgate.protocol.framing import Frame, FrameBufferBudget, FrameDecoder, FrameReader, frame
 
 
 def test_frame_prefixes_size() -> None:
@@ -98,3 +98,92 @@ def test_property_any_chunking(payloads: list[bytes], cuts: list[int]) -> None:
         got += dec.feed(stream[a:b])
     assert got == [frame(p) for p in payloads]
     assert dec.buffered_bytes == 0
+
+
+def read_all(reader: FrameReader, data: bytes, max_read: int) -> list[Frame]:
+    """What an event loop does with a BufferedProtocol: reads of at most ``max_read`` bytes
+    into the buffer lent each time."""
+    frames: list[Frame] = []
+    while data:
+        target = reader.get_buffer()
+        assert len(target) > 0
+        count = min(len(target), len(data), max_read)
+        target[:count] = data[:count]
+        data = data[count:]
+        frames += reader.buffer_updated(count)
+    return frames
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=60), max_size=10),
+    max_read=st.integers(min_value=1, max_value=80),
+)
+def test_reader_any_read_sizes_small_and_big_frames(payloads: list[bytes], max_read: int) -> None:
+    # A 32-byte scratch: frames above 16 bytes take the big-frame path.
+    stream = b"".join(frame(p) for p in payloads)
+    reader = FrameReader(max_frame_bytes=60, scratch=bytearray(32), budget=FrameBufferBudget(1000))
+    got = read_all(reader, stream, max_read)
+    assert [bytes(f) for f in got] == [frame(p) for p in payloads]
+    assert reader.buffered_bytes == 0
+
+
+def test_reader_fills_a_big_frame_in_place() -> None:
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    scratch = bytearray(64 * 1024)
+    reader = FrameReader(2 * 1024 * 1024, scratch, FrameBufferBudget(8 * 1024 * 1024))
+    stream = frame(payload) + frame(b"tail")
+    first = reader.get_buffer()
+    first[:1000] = stream[:1000]
+    assert reader.buffer_updated(1000) == []
+    # The rest of the frame is read into a buffer of exactly the bytes still missing.
+    rest = reader.get_buffer()
+    assert len(rest) == len(payload) + 4 - 1000
+    rest[:] = stream[1000 : len(payload) + 4]
+    (big,) = reader.buffer_updated(len(rest))
+    assert type(big) is bytearray and big == frame(payload)
+    assert read_all(reader, frame(b"tail"), 100) == [frame(b"tail")]
+    assert scratch == bytes(len(scratch)), "what was read is zeroed once consumed"
+
+
+def test_reader_takes_big_buffers_from_the_budget_and_assembles_the_rest() -> None:
+    budget = FrameBufferBudget(3000)
+    scratch = bytearray(64)
+    first, second, third = (FrameReader(10_000, scratch, budget) for _ in range(3))
+    head = struct.pack(">i", 2000 - 4) + b"x" * 10
+    # Announced, 10 bytes sent: the first frame's 2,000 bytes are set aside whole...
+    assert read_all(first, head, 64) == [] and budget.available_bytes == 1000
+    assert len(first.get_buffer()) == 2000 - 14
+    # ... the second does not fit what is left: it keeps only what arrived.
+    assert read_all(second, head, 64) == [] and budget.available_bytes == 1000
+    assert second.buffered_bytes == 14 and len(second.get_buffer()) == 64
+    # A connection that ends gives its buffer back; a finished frame gives it back too.
+    first.release()
+    assert budget.available_bytes == 3000
+    body = frame(b"y" * 1996)
+    assert [bytes(f) for f in read_all(third, body, 64)] == [body]
+    assert budget.available_bytes == 3000
+    assert [bytes(f) for f in read_all(second, b"x" * (2000 - 14), 64)] == [head + b"x" * 1986]
+
+
+def test_reader_rejects_oversize_and_negative_sizes_before_keeping_anything() -> None:
+    reader = FrameReader(100, bytearray(64), FrameBufferBudget(1000))
+    with pytest.raises(FrameTooLargeError, match="101 bytes exceeds max_frame_bytes=100"):
+        read_all(reader, struct.pack(">i", 101), 64)  # prefix only, no body yet
+    assert reader.buffered_bytes == 0
+    with pytest.raises(FrameTooLargeError, match="negative"):
+        read_all(FrameReader(10, bytearray(64), FrameBufferBudget(1000)), b"\xff" * 4, 64)
+
+
+def test_readers_sharing_a_scratch_keep_their_own_partial_frames() -> None:
+    scratch = bytearray(64)
+    budget = FrameBufferBudget(1000)
+    one, two = FrameReader(1000, scratch, budget), FrameReader(1000, scratch, budget)
+    stream_one = frame(b"a" * 20) + frame(b"b" * 10)
+    stream_two = frame(b"c" * 5) + frame(b"d" * 200)
+    got_one: list[Frame] = []
+    got_two: list[Frame] = []
+    for start in range(0, max(len(stream_one), len(stream_two)), 7):  # reads interleaved
+        got_one += read_all(one, stream_one[start : start + 7], 7)
+        got_two += read_all(two, stream_two[start : start + 7], 7)
+    assert [bytes(f) for f in got_one] == [frame(b"a" * 20), frame(b"b" * 10)]
+    assert [bytes(f) for f in got_two] == [frame(b"c" * 5), frame(b"d" * 200)]

@@ -43,7 +43,7 @@ from pidgate.protocol.api_versions import (
 )
 from pidgate.protocol.endpoints import may_carry_endpoints, rewrite_endpoints
 from pidgate.protocol.errors import ProtocolError, UnsupportedApiError
-from pidgate.protocol.framing import FrameDecoder, frame
+from pidgate.protocol.framing import Frame, FrameDecoder, FrameReader, frame
 from pidgate.protocol.headers import (
     RequestHeader,
     parse_request_header,
@@ -173,7 +173,7 @@ class _LazySummary:
         return self._summary
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(asyncio.BufferedProtocol):
     """The client side; owns the upstream connection it opens."""
 
     def __init__(
@@ -193,10 +193,12 @@ class ClientConnection(asyncio.Protocol):
         self.node_id = node_id
         self._settings = context.settings
         self._upstream_targets = upstream_targets
-        self._decoder = FrameDecoder(self._settings.proxy.max_frame_bytes)
+        self._reader = FrameReader(
+            self._settings.proxy.max_frame_bytes, context.read_scratch, context.frame_buffer_budget
+        )
         self._gate = ReadGate(on_pause=self._watch_for_hang_up)
         self._hang_up_probe: asyncio.TimerHandle | None = None
-        self._inbox: deque[bytes] = deque()
+        self._inbox: deque[Frame] = deque()
         self._slots: deque[_Slot] = deque()
         self._awaiting_upstream: deque[_Slot] = deque()
         self._acks0_ids: deque[int] = deque(maxlen=_MAX_ACKS0_IDS)
@@ -337,17 +339,32 @@ class ClientConnection(asyncio.Protocol):
         # was already forwarded stays forwarded; what was never read is never forwarded.
         self.transport.abort()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # Big frames are read into buffers of their own size, in place (FrameReader).
+        return self._reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         self._last_active_s = time.monotonic()
         if self._gate.held:
             self._gate.enforce()  # at most this one read while paused (uvloop, see ReadGate)
         try:
-            frames = self._decoder.feed(data)
+            frames = self._reader.buffer_updated(nbytes)
         except ProtocolError as error:
             self._fail("bad_request_frame", error)
             return
-        self._inbox.extend(frames)
+        if frames:
+            self._inbox.extend(frames)
         self._process_inbox()
+
+    def data_received(self, data: bytes) -> None:
+        """``data`` as a plain Protocol would get it (benchmarks and tests without a loop)."""
+        view = memoryview(data)
+        while view and not self.closed:
+            target = self.get_buffer(len(view))
+            count = min(len(target), len(view))
+            target[:count] = view[:count]
+            view = view[count:]
+            self.buffer_updated(count)
 
     def begin_shutdown(self) -> None:
         """Stop reading: requests already read are still forwarded and answered; anything the
@@ -359,6 +376,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._reader.release()  # a big frame cut short gives its buffer back to the loop
         if self in self._context.connections:
             self._context.connections.discard(self)
             self._context.traffic.connection_closed(self.peer)
@@ -596,7 +614,7 @@ class ClientConnection(asyncio.Protocol):
         upstream = self._upstream
         if upstream is None or self.closed:
             return
-        forward: list[bytes] = []
+        forward: list[Frame] = []
         # At most max_in_flight_requests responses owed at once: past that, frames wait in the
         # inbox (at most one read's worth: reading is paused) until responses drain.
         max_in_flight = self._settings.proxy.max_in_flight_requests
@@ -623,7 +641,7 @@ class ClientConnection(asyncio.Protocol):
         elif "in_flight" in held:
             self._gate.resume("in_flight")
 
-    def _handle_request(self, request: bytes) -> bytes | None:
+    def _handle_request(self, request: Frame) -> Frame | None:
         """Account for one request; the frame to forward to the broker (usually ``request``
         itself), or None when pidgate answered it (or nothing answers it)."""
         payload = memoryview(request)[4:]
@@ -711,8 +729,8 @@ class ClientConnection(asyncio.Protocol):
         return request
 
     def _produce(
-        self, request: bytes, body: memoryview, api_version: int, correlation_id: int
-    ) -> bytes | None:
+        self, request: Frame, body: memoryview, api_version: int, correlation_id: int
+    ) -> Frame | None:
         """A Produce request: the frame to forward, or None when answered here (rejected, or
         held behind a rejected batch) or when nothing answers it (acks=0)."""
         # The lean walk (acks and PIDs only); the full summary is built only when something
@@ -973,7 +991,7 @@ class UpstreamConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._client._gate.resume("upstream_backpressure")
 
-    def write_frames(self, frames: list[bytes]) -> None:
+    def write_frames(self, frames: list[Frame]) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(frames)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from pidgate.config import Settings
+from pidgate.protocol.framing import FrameBufferBudget
 from pidgate.proxy.admission import Gatekeeper
 from pidgate.proxy.event_log import EventLog
 from pidgate.proxy.identity import IdentityPolicy
@@ -36,6 +37,14 @@ class TrafficObserver(Protocol):
     def produce_held(self) -> None: ...
 
 
+#: The shared read buffer's size: frames up to half of it are read into it, larger ones into
+#: buffers of their own (uvloop's own read buffer is 256 KiB, shared the same way).
+READ_SCRATCH_BYTES = 256 * 1024
+#: Big frames being read, together, per loop: 64 1-MB Produce requests at once; past that,
+#: frames are assembled from the reads (slower, never refused).
+FRAME_BUFFER_BUDGET_BYTES = 64 * 1024 * 1024
+
+
 @dataclass
 class ProxyContext:
     settings: Settings
@@ -57,3 +66,10 @@ class ProxyContext:
     #: Misconfigurations said once (SASL through a pidgate with identity.sasl off, ...).
     notices: OperatorNotices = field(default_factory=OperatorNotices)
     connections: set[ClientConnection] = field(default_factory=set)
+    #: Where every client connection of this context's loop reads small frames into
+    #: (``FrameReader``: one loop reads one transport at a time).
+    read_scratch: bytearray = field(default_factory=lambda: bytearray(READ_SCRATCH_BYTES))
+    #: What this loop's client connections may set aside for big frames still arriving.
+    frame_buffer_budget: FrameBufferBudget = field(
+        default_factory=lambda: FrameBufferBudget(FRAME_BUFFER_BUDGET_BYTES)
+    )
