@@ -1,7 +1,7 @@
 """A reference point between the floor and pidgate: the least a Kafka-aware gate does per
 request, in pure Python on uvloop.
 
-    python benchmarks/minimal_gate.py LISTEN_PORT UPSTREAM_HOST:UPSTREAM_PORT
+    python benchmarks/minimal_gate.py LISTEN_PORT UPSTREAM_HOST:UPSTREAM_PORT [--quota]
 
 Per request: cut the frame out of the stream, read its header (api_key, api_version,
 correlation_id), for a Produce read 8 bytes of the body and count them in a dict (a stand-in
@@ -11,6 +11,14 @@ No quota, no metrics, no flow control, no endpoint rewriting (so only raw-frame 
 go through it). What it costs above ``forwarder.py`` is what any Python process that reads
 Kafka frames pays on this machine; what pidgate costs above it is pidgate's own work
 (``small_requests.py --minimal-gate``). Not a test, not a product.
+
+``--quota`` replaces the dict stand-in with the work KIP-936 cannot skip, done by pidgate's own
+functions: the lean walk of the Produce body (``produce_acks_and_producer_ids``: acks and every
+batch's PID) and the quota decision for those PIDs (``QuotaManager.admit``, one principal, quota
+high enough that nothing is rejected). Nothing else of pidgate (no order guard, observers,
+metrics, flow control, idle checks): what this costs above the floor is the least a pure-Python
+gate with a PID quota pays. The request header is cut by hand for the benchmark's own frames
+(a client_id, no tagged fields), not parsed in general.
 """
 
 from __future__ import annotations
@@ -18,15 +26,20 @@ from __future__ import annotations
 import asyncio
 import struct
 import sys
+import time
 from collections import deque
 from typing import cast
 
 import uvloop
 
+from pidgate.protocol.produce import produce_acks_and_producer_ids
+from pidgate.quota.manager import QuotaManager, QuotaPolicy
+
 _HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _CORRELATION_ID = struct.Struct(">i")
 _SIZE = struct.Struct(">i")
 seen_producer_ids: dict[int, int] = {}
+quota: QuotaManager | None = None  # set by --quota
 
 
 def cut_frames(buffer: bytearray) -> list[bytes]:
@@ -84,8 +97,16 @@ class Client(asyncio.Protocol):
         self.buffer += data
         frames = cut_frames(self.buffer)
         for request in frames:
-            _, api_key, _, correlation_id = _HEADER.unpack_from(request)
-            if api_key == 0 and len(request) > 120:
+            _, api_key, api_version, correlation_id = _HEADER.unpack_from(request)
+            if api_key == 0 and quota is not None:
+                client_id_bytes = int.from_bytes(request[12:14], "big", signed=True)
+                body_at = 14 + max(client_id_bytes, 0) + (1 if api_version >= 9 else 0)
+                _, producer_ids = produce_acks_and_producer_ids(
+                    memoryview(request)[body_at:], api_version
+                )
+                if producer_ids:
+                    quota.admit("benchmark", producer_ids, time.time_ns() // 1_000_000)
+            elif api_key == 0 and len(request) > 120:
                 stand_in = int.from_bytes(request[-118:-110], "big")
                 seen_producer_ids[stand_in] = seen_producer_ids.get(stand_in, 0) + 1
             self.owed.append(correlation_id)
@@ -110,5 +131,7 @@ async def serve(listen_port: int, host: str, port: int) -> None:
 
 
 if __name__ == "__main__":
+    if "--quota" in sys.argv[3:]:
+        quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1_000_000_000))
     upstream_host, _, upstream_port = sys.argv[2].rpartition(":")
     uvloop.run(serve(int(sys.argv[1]), upstream_host, int(upstream_port)))

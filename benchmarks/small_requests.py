@@ -22,9 +22,11 @@ round:
   ``linger.ms=0``), each in its own thread producing one record and waiting for its delivery
   report, ``--records-per-producer`` times: one record per Produce request, many connections.
 
-``--minimal-gate`` adds a third process on the raw-frame workloads, ``minimal_gate.py``: frames
-cut, headers and correlation ids read, nothing else. It shows how much of pidgate's distance
-from the floor any Python process that reads Kafka frames pays on this machine.
+``--minimal-gate`` adds two processes on the raw-frame workloads: ``minimal_gate.py`` (frames
+cut, headers and correlation ids read, nothing else) and ``minimal_gate.py --quota`` (the same
+plus pidgate's lean walk and quota decision per Produce, nothing else of pidgate). They show how
+much of pidgate's distance from the floor any Python process that reads Kafka frames pays on
+this machine, and how much any that also enforces a PID quota pays.
 
 CPU is each proxy process's schedstat time (all threads, ns) over the run, divided by the
 Produce requests the run sent. The ``BENCH_SMALL`` line gives per workload the floor's and
@@ -71,6 +73,8 @@ TOPIC = "pidgate-small"
 VALUE = b"v" * 100
 PRODUCE_VERSION = 9
 PIPELINE_DEPTH = 32
+#: The processes measured besides the floor and pidgate, when asked for.
+OTHERS = ("baseline", "minimal", "minimal_quota")
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -105,11 +109,17 @@ class Forwarder(Served):
     """``forwarder.py`` (the floor), or another script of the same command line."""
 
     def __init__(
-        self, port: int, upstream: str, log_dir: Path, script: str = "forwarder.py"
+        self,
+        port: int,
+        upstream: str,
+        log_dir: Path,
+        script: str = "forwarder.py",
+        *options: str,
+        name: str | None = None,
     ) -> None:
         self.port = port
-        command = [sys.executable, str(HERE / script), str(port), upstream]
-        super().__init__(command, log_dir, Path(script).stem, [port])
+        command = [sys.executable, str(HERE / script), str(port), upstream, *options]
+        super().__init__(command, log_dir, name or Path(script).stem, [port])
 
     @property
     def bootstrap(self) -> str:
@@ -347,7 +357,8 @@ class Measured:
     requests_per_s: dict[str, list[float]] = field(default_factory=dict)
     cpu_ratio: list[float] = field(default_factory=list)
     throughput_ratio: list[float] = field(default_factory=list)
-    #: baseline/floor and minimal/floor CPU ratios, paired per round like ``cpu_ratio``.
+    #: baseline/floor, minimal/floor and minimal_quota/floor CPU ratios, paired per round like
+    #: ``cpu_ratio``.
     other_cpu_ratios: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -375,7 +386,7 @@ def measure_round(
     got.cpu_ratio.append(per["pidgate"][0] / per["floor"][0])
     got.throughput_ratio.append(per["pidgate"][1] / per["floor"][1])
     extra = ""
-    for other in ("baseline", "minimal"):
+    for other in OTHERS:
         if other in per:
             ratio = per[other][0] / per["floor"][0]
             got.other_cpu_ratios.setdefault(other, []).append(ratio)
@@ -396,7 +407,7 @@ def report(results: dict[str, Measured]) -> str:
         others = "".join(
             f", {other} {med(m.us_per_request[other]):.1f} µs "
             f"({med(m.other_cpu_ratios[other]):.2f}x floor)"
-            for other in ("baseline", "minimal")
+            for other in OTHERS
             if other in m.us_per_request
         )
         print(
@@ -409,11 +420,12 @@ def report(results: dict[str, Measured]) -> str:
             f"{key}_floor_us={floor:.1f} {key}_pidgate_us={pidgate:.1f} "
             f"{key}_cpu_ratio={med(m.cpu_ratio):.2f} {key}_throughput_ratio={med(m.throughput_ratio):.2f}"
         )
-        if "minimal" in m.us_per_request:
-            fields.append(
-                f"{key}_minimal_us={med(m.us_per_request['minimal']):.1f} "
-                f"{key}_minimal_cpu_ratio={med(m.other_cpu_ratios['minimal']):.2f}"
-            )
+        for other in ("minimal", "minimal_quota"):
+            if other in m.us_per_request:
+                fields.append(
+                    f"{key}_{other}_us={med(m.us_per_request[other]):.1f} "
+                    f"{key}_{other}_cpu_ratio={med(m.other_cpu_ratios[other]):.2f}"
+                )
     return " ".join(fields)
 
 
@@ -448,8 +460,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--minimal-gate",
         action="store_true",
-        help="also measure minimal_gate.py (frames, headers, correlation ids; no quota) on the "
-        "raw-frame workloads: the least any Python Kafka-aware gate pays here",
+        help="also measure minimal_gate.py (frames, headers, correlation ids; no quota) and "
+        "minimal_gate.py --quota (plus the lean walk and the quota decision) on the raw-frame "
+        "workloads: the least any Python Kafka-aware gate, and any with a PID quota, pays here",
     )
 
 
@@ -470,7 +483,7 @@ def run(args: argparse.Namespace) -> str:
     """Every round of every workload, printed as it goes; returns the BENCH fields."""
     log_dir = Path(tempfile.mkdtemp(prefix="pidgate-small-"))
     forwarder_port = free_port()
-    floor_broker = broker = forwarder = pidgate = baseline = minimal = None
+    floor_broker = broker = forwarder = pidgate = baseline = minimal = minimal_quota = None
     try:
         floor_broker = Broker(log_dir, "tansu-floor", forwarder_port)
         broker = Broker(log_dir, "tansu")
@@ -491,6 +504,15 @@ def run(args: argparse.Namespace) -> str:
             # would be sent to the floor's forwarder.
             minimal = Forwarder(free_port(), floor_broker.address, log_dir, "minimal_gate.py")
             targets["minimal"] = (minimal.bootstrap, minimal.cpu)
+            minimal_quota = Forwarder(
+                free_port(),
+                floor_broker.address,
+                log_dir,
+                "minimal_gate.py",
+                "--quota",
+                name="minimal_gate_quota",
+            )
+            targets["minimal_quota"] = (minimal_quota.bootstrap, minimal_quota.cpu)
         if getattr(args, "baseline_src", None):
             baseline = Pidgate(
                 broker.address, log_dir, args.baseline_src, "pidgate-baseline", rate=1_000_000_000
@@ -509,7 +531,7 @@ def run(args: argparse.Namespace) -> str:
         )
 
         def targets_of(w: Workload) -> list[str]:
-            return [n for n in targets if n != "minimal" or w.name != "librdkafka"]
+            return [n for n in targets if not n.startswith("minimal") or w.name != "librdkafka"]
 
         for w in workloads:  # warm-up, not counted
             for name in targets_of(w):
@@ -530,7 +552,7 @@ def run(args: argparse.Namespace) -> str:
             print_profile(profile)
         return f"{report(results)} small_rounds={args.rounds}"
     finally:
-        for p in (minimal, baseline, pidgate, forwarder, broker, floor_broker):
+        for p in (minimal_quota, minimal, baseline, pidgate, forwarder, broker, floor_broker):
             if p is not None:
                 p.stop()
 
