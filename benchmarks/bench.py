@@ -1,14 +1,22 @@
-"""Side-by-side throughput, CPU and latency: direct to tansu, through pidgate, through tansu proxy.
+"""Side-by-side throughput, CPU and latency: direct to tansu, through pidgate, through tansu proxy,
+through the floor.
 
     python benchmarks/bench.py [--rounds 5] [--records 200000] [--latency-records 2000] [--quick]
 
-Starts one tansu broker (``EmbeddedBroker``), one ``pidgate serve`` subprocess in front of it
-(quotas on: ``--default-producer-ids-rate 1000``, so every PID is checked against the layered
-Bloom filter and known after its first batch) and one ``tansu proxy`` subprocess (the same
-binary), all on 127.0.0.1. Then, for every round, the same confluent-kafka workload
-(idempotent, acks=all, 1 KB records, a fixed record count bounded by a time limit) runs
-against the three targets in turn, A B C, and a single-record-at-a-time latency run alternates
-the three targets record by record. Medians over rounds and paired per-round ratios are printed,
+Starts, all on 127.0.0.1: a tansu broker for direct runs (``EmbeddedBroker``); one
+``pidgate serve`` subprocess (quotas on: ``--default-producer-ids-rate 1000``, so every PID is
+checked against the layered Bloom filter and known after its first batch); one ``tansu proxy``
+subprocess (the same binary); and the floor, ``forwarder.py`` (a trivial uvloop forwarder that
+only copies bytes). Each target has a tansu broker of its own, of one binary and one config
+(in memory), so every broker holds the same records when its turn comes; the floor's
+advertises the forwarder's port (the forwarder rewrites no endpoints). Then, for every round,
+the same confluent-kafka workload (idempotent, acks=all, 1 KB records, a fixed record count
+bounded by a time limit) runs against the four targets in turn, each round starting with the
+next one (A B C D, B C D A, ...), and a
+single-record-at-a-time latency run alternates the targets record by record. The floor shows
+what any proxy on this machine costs the big-batch workload (a second pass of every byte
+through loopback and a third process on the cores), so ``pidgate/floor`` is pidgate's own
+share. Medians over rounds and paired per-round ratios are printed,
 then one machine-parsable ``BENCH ...`` line. Everything started here is stopped by PID.
 
 No test imports this: it asserts nothing about speed, it only measures.
@@ -308,12 +316,15 @@ def percentile(values: list[float], q: float) -> float:
 @dataclass
 class Results:
     msgs: dict[str, list[float]] = field(
-        default_factory=lambda: {"direct": [], "pidgate": [], "tansu": [], "baseline": []}
+        default_factory=lambda: {n: [] for n in ("direct", "pidgate", "tansu", "floor", "baseline")}
     )
     busy_cores: dict[str, list[float]] = field(
-        default_factory=lambda: {"direct": [], "pidgate": [], "tansu": [], "baseline": []}
+        default_factory=lambda: {n: [] for n in ("direct", "pidgate", "tansu", "floor", "baseline")}
     )
     ratio_direct: list[float] = field(default_factory=list)
+    #: floor/direct and pidgate/floor, paired per round.
+    ratio_floor_direct: list[float] = field(default_factory=list)
+    ratio_pidgate_floor: list[float] = field(default_factory=list)
     ratio_tansu: list[float] = field(default_factory=list)
     ratio_baseline: list[float] = field(default_factory=list)
     pidgate_cpu_s: list[float] = field(default_factory=list)
@@ -322,7 +333,7 @@ class Results:
     pidgate_requests: list[int] = field(default_factory=list)
     pidgate_bytes: list[int] = field(default_factory=list)
     lat: dict[str, list[tuple[float, float]]] = field(
-        default_factory=lambda: {"direct": [], "pidgate": [], "tansu": [], "baseline": []}
+        default_factory=lambda: {n: [] for n in ("direct", "pidgate", "tansu", "floor", "baseline")}
     )
     added_p50: list[float] = field(default_factory=list)
     added_p99: list[float] = field(default_factory=list)
@@ -383,25 +394,45 @@ def main() -> int:
     pidgate: Pidgate | None = None
     tansu: TansuProxy | None = None
     baseline: Pidgate | None = None
-    try:
-        broker.start()
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    floor: small_requests.Forwarder | None = None
+    own_brokers: list[small_requests.Broker] = []
+
+    def own_broker(name: str, advertised_port: int | None = None) -> str:
+        """A tansu broker of the target ``name`` alone; its address."""
+        own_brokers.append(small_requests.Broker(log_dir, f"tansu-{name}", advertised_port))
+        return own_brokers[-1].address
+
+    def create_topic(bootstrap: str) -> None:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.create_topics([NewTopic(TOPIC, 1, 1)]).values():
             with contextlib.suppress(Exception):  # already there is fine
                 future.result(15)
-        pidgate = Pidgate(broker.bootstrap, log_dir)
-        tansu = TansuProxy(broker.bootstrap, log_dir)
+
+    try:
+        broker.start()
+        create_topic(broker.bootstrap)
+        pidgate = Pidgate(pidgate_upstream := own_broker("pidgate"), log_dir)
+        create_topic(pidgate_upstream)
+        tansu = TansuProxy(tansu_origin := own_broker("proxy"), log_dir)
+        create_topic(tansu_origin)
+        floor_port = free_port()
+        floor = small_requests.Forwarder(floor_port, own_broker("floor", floor_port), log_dir)
+        create_topic(floor.bootstrap)
         targets = {
             "direct": broker.bootstrap,
             "pidgate": pidgate.bootstrap,
             "tansu": tansu.bootstrap,
+            "floor": floor.bootstrap,
         }
         if args.baseline_src:
-            baseline = Pidgate(broker.bootstrap, log_dir, args.baseline_src, "pidgate-baseline")
+            baseline_upstream = own_broker("baseline")
+            create_topic(baseline_upstream)
+            baseline = Pidgate(baseline_upstream, log_dir, args.baseline_src, "pidgate-baseline")
             targets["baseline"] = baseline.bootstrap
         print(
             f"tansu broker pid {broker.pid} {broker.bootstrap}; pidgate pid {pidgate.process.pid} "
-            f"{pidgate.bootstrap}; tansu proxy pid {tansu.process.pid} {tansu.bootstrap}; "
+            f"{pidgate.bootstrap}; tansu proxy pid {tansu.process.pid} {tansu.bootstrap}; floor "
+            f"pid {floor.process.pid} {floor.bootstrap}; "
             f"{args.rounds} rounds x {args.records} records; logs in {log_dir}",
             flush=True,
         )
@@ -434,7 +465,11 @@ def main() -> int:
         res = Results()
         for rnd in range(1, args.rounds + 1):
             got: dict[str, float] = {}
-            for name, bootstrap in targets.items():  # A B C
+            # Each round starts with the next target (A B C D, B C D A, ...): none always runs
+            # first, on a machine still busy with the latency run of the round before.
+            turn = list(targets.items())
+            shift = (rnd - 1) % len(turn)
+            for name, bootstrap in turn[shift:] + turn[:shift]:
                 if name == "pidgate":
                     req0, bytes0 = pidgate.produce_requests()  # scrape first: not counted
                     cpu0, stat0 = pidgate.cpu.sample()
@@ -461,6 +496,8 @@ def main() -> int:
                 res.msgs[name].append(run.msgs_per_s)
             res.ratio_direct.append(got["pidgate"] / got["direct"])
             res.ratio_tansu.append(got["pidgate"] / got["tansu"])
+            res.ratio_floor_direct.append(got["floor"] / got["direct"])
+            res.ratio_pidgate_floor.append(got["pidgate"] / got["floor"])
             if "baseline" in got:
                 res.ratio_baseline.append(got["pidgate"] / got["baseline"])
 
@@ -484,12 +521,14 @@ def main() -> int:
                 res.baseline_added_p50.append(pct["baseline"][0] - pct["direct"][0])
             print(
                 f"round {rnd}: msg/s direct {got['direct']:,.0f} pidgate {got['pidgate']:,.0f} "
-                f"tansu-proxy {got['tansu']:,.0f} | pidgate/direct {res.ratio_direct[-1]:.3f} "
+                f"tansu-proxy {got['tansu']:,.0f} floor {got['floor']:,.0f} | pidgate/direct "
+                f"{res.ratio_direct[-1]:.3f} floor/direct {res.ratio_floor_direct[-1]:.3f} "
                 f"pidgate/tansu-proxy {res.ratio_tansu[-1]:.3f} | pidgate CPU "
                 f"{res.pidgate_cpu_s[-1]:.3f}s for {res.pidgate_requests[-1]} requests | latency p50 "
                 f"direct {pct['direct'][0]:.0f} pidgate {pct['pidgate'][0]:.0f} tansu-proxy "
-                f"{pct['tansu'][0]:.0f} µs, p99 {pct['direct'][1]:.0f}/{pct['pidgate'][1]:.0f}/"
-                f"{pct['tansu'][1]:.0f} µs",
+                f"{pct['tansu'][0]:.0f} floor {pct['floor'][0]:.0f} µs, p99 "
+                f"{pct['direct'][1]:.0f}/{pct['pidgate'][1]:.0f}/{pct['tansu'][1]:.0f}/"
+                f"{pct['floor'][1]:.0f} µs",
                 flush=True,
             )
         if spy is not None:
@@ -499,10 +538,13 @@ def main() -> int:
         small = ""
         if args.small_rounds > 0:
             # Its own brokers and pidgate: this run's are stopped first (2 cores).
+            floor.stop()
             tansu.stop()
             pidgate.stop()
             if baseline is not None:
                 baseline.stop()
+            for own in own_brokers:
+                own.stop()
             print("\n== small requests against the floor (benchmarks/small_requests.py) ==")
             small_args = argparse.Namespace(**vars(args))
             small_args.rounds = args.small_rounds
@@ -511,12 +553,15 @@ def main() -> int:
         report(res, args, time.monotonic() - started, small)
         return 0
     finally:
-        if baseline is not None:
-            baseline.stop()
+        for served in (floor, baseline):
+            if served is not None:
+                served.stop()
         if tansu is not None:
             tansu.stop()
         if pidgate is not None:
             pidgate.stop()
+        for own in own_brokers:
+            own.stop()
         broker.cleanup()
 
 
@@ -561,7 +606,12 @@ def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str 
     ]
     print()
     print(f"== medians over {args.rounds} rounds ({args.records} x 1 KB records per run) ==")
-    for name, label in (("direct", "direct"), ("pidgate", "pidgate"), ("tansu", "tansu proxy")):
+    for name, label in (
+        ("direct", "direct"),
+        ("pidgate", "pidgate"),
+        ("tansu", "tansu proxy"),
+        ("floor", "floor"),
+    ):
         vals = res.msgs[name]
         print(
             f"throughput {label:12s} {med(vals):>10,.0f} msg/s  (min {min(vals):,.0f} max "
@@ -569,6 +619,12 @@ def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str 
         )
     print(
         f"ratio pidgate/direct       {med(res.ratio_direct):.3f}  (per round: {', '.join(f'{r:.3f}' for r in res.ratio_direct)})"
+    )
+    print(
+        f"ratio floor/direct         {med(res.ratio_floor_direct):.3f}  (per round: {', '.join(f'{r:.3f}' for r in res.ratio_floor_direct)})"
+    )
+    print(
+        f"ratio pidgate/floor        {med(res.ratio_pidgate_floor):.3f}  (per round: {', '.join(f'{r:.3f}' for r in res.ratio_pidgate_floor)})"
     )
     print(
         f"ratio pidgate/tansu-proxy  {med(res.ratio_tansu):.3f}  (per round: {', '.join(f'{r:.3f}' for r in res.ratio_tansu)})"
@@ -582,7 +638,12 @@ def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str 
     print(
         f"pidgate CPU, 1-record requests (latency run): {med(res.single_cpu_us_per_request):.1f} µs/Produce request"
     )
-    for name, label in (("direct", "direct"), ("pidgate", "pidgate"), ("tansu", "tansu proxy")):
+    for name, label in (
+        ("direct", "direct"),
+        ("pidgate", "pidgate"),
+        ("tansu", "tansu proxy"),
+        ("floor", "floor"),
+    ):
         p50 = med([v[0] for v in res.lat[name]])
         p99 = med([v[1] for v in res.lat[name]])
         print(f"latency {label:12s} p50 {p50:7.0f} µs  p99 {p99:7.0f} µs")
@@ -601,6 +662,8 @@ def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str 
     print(f"elapsed {elapsed_s:.0f} s")
     print(
         f"BENCH ratio_direct={med(res.ratio_direct):.3f} ratio_tansu_proxy={med(res.ratio_tansu):.3f} "
+        f"ratio_floor_direct={med(res.ratio_floor_direct):.3f} "
+        f"ratio_pidgate_floor={med(res.ratio_pidgate_floor):.3f} "
         f"cpu_us_per_request={med(per_request):.1f} "
         f"cpu_us_per_request_1record={med(res.single_cpu_us_per_request):.1f} "
         f"cpu_s_per_gb={med(per_gb):.3f} "
