@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 
 import pytest
 from prometheus_client import REGISTRY
@@ -280,6 +280,68 @@ def test_label_cardinality_stays_capped_with_10k_principals() -> None:
     assert OTHER_USER not in per_user(s, "pidgate_producer_ids_rate")
     assert s["pidgate_principals_tracked"][()] == users
     assert s["pidgate_user_labels"][()] == 1000
+
+
+def _run_steps(steps: Generator[None, None, bytes]) -> tuple[bytes, int]:
+    count = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, count
+        count += 1
+
+
+def _without_process_metrics(body: bytes) -> list[bytes]:
+    # process_* (CPU seconds, memory) changes between two renders; everything else must not.
+    return [line for line in body.splitlines() if not line.startswith(b"process_")]
+
+
+def test_a_scrape_in_steps_renders_what_one_go_renders() -> None:
+    """render_in_steps (what /metrics drives, letting the loop run between steps) is render()
+    cut into steps: 2,500 principals over 300 labels give the same body, in at least a step
+    per 300 principals in each of its two passes and one per 50 label values."""
+    quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1))
+    clock = Clock()
+    metrics = ProxyMetrics(quota, clock, max_user_labels=300)
+    for i in range(2_500):
+        decide(quota, metrics, clock, f"User:u{i}", [i + 1])
+    decide(quota, metrics, clock, "User:u7", [1_000_000])  # one rejection among them
+    clock.now_ms += 1_000
+    whole = metrics.render()
+    stepped, steps = _run_steps(metrics.render_in_steps(step_principals=300, step_labels=50))
+    assert _without_process_metrics(stepped) == _without_process_metrics(whole)
+    assert steps >= 2 * 9 + 301 // 50
+    samples = scrape(metrics)
+    assert len(per_user(samples, "pidgate_producer_ids_new_total")) == 300 + 1  # + __other__
+    assert sum(per_user(samples, "pidgate_producer_ids_new_total").values()) == 2_500
+    assert sum(per_user(samples, "pidgate_produce_requests_rejected_total").values()) == 1
+
+
+def test_a_principal_that_comes_or_goes_mid_scrape_is_counted_as_its_step_finds_it() -> None:
+    quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1, max_principals=40))
+    clock = Clock()
+    metrics = ProxyMetrics(quota, clock)
+    for i in range(40):
+        decide(quota, metrics, clock, f"User:u{i}", [i + 1])
+    steps = metrics.render_in_steps(step_principals=10, step_labels=10)
+    for _ in range(4):  # the first pass: every principal's label assigned
+        next(steps)
+    for i in range(30, 40):  # more arrive (evicting the 10 idlest), one goes idle
+        decide(quota, metrics, clock, f"User:late{i}", [i + 100])
+    body, _ = _run_steps(steps)
+    samples = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
+    layers = {s.labels["user"]: s.value for s in samples["pidgate_bloom_layers"].samples}
+    assert "u0" not in layers and "u9" not in layers  # evicted before their step
+    assert layers.keys() >= {f"u{i}" for i in range(10, 40)}
+    assert samples["pidgate_principals_tracked"].samples[0].value == 40
+
+
+@pytest.mark.parametrize("steps", [{"step_principals": 0}, {"step_labels": 0}])
+def test_a_scrape_step_must_hold_something(steps: dict[str, int]) -> None:
+    _, metrics, _ = new_setup()
+    with pytest.raises(ValueError, match="must be >= 1"):
+        _run_steps(metrics.render_in_steps(**steps))
 
 
 def test_idle_users_are_removed_and_free_their_label() -> None:

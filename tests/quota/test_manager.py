@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
 
 W = 10_000  # a short window, as in tests and the demo
@@ -279,3 +281,34 @@ def test_location_cache_skips_a_pid_added_after_a_roll_in_its_request() -> None:
     uncached._positions_cache.clear()
     assert cached.admit(ALICE, [fp], 3000) == uncached.admit(ALICE, [fp], 3000)
     assert cached.export() == uncached.export()
+
+
+def test_snapshot_in_steps_is_snapshot_cut_into_steps() -> None:
+    m = manager(rate=5, max_principals=10)
+    for i in range(10):
+        m.admit(f"User:u{i}", [i], 0)
+    steps = list(m.snapshot_in_steps(5, step_principals=4))
+    assert [len(step) for step in steps] == [4, 4, 2]
+    assert [s for step in steps for s in step] == list(m.snapshot(5))
+    assert m.principal_names() == [f"User:u{i}" for i in range(10)]  # idlest first
+
+
+def test_snapshot_in_steps_leaves_out_a_principal_evicted_before_its_step() -> None:
+    m = manager(rate=5, max_principals=10)
+    for i in range(10):
+        m.admit(f"User:u{i}", [i], 0)
+    steps = m.snapshot_in_steps(5, step_principals=5)
+    first = next(steps)
+    assert [s.principal for s in first] == [f"User:u{i}" for i in range(5)]
+    for i in range(5):  # u0..u4 active again: u5 becomes the idlest
+        m.admit(f"User:u{i}", [i], 6)
+    m.admit("User:late", [99], 6)  # the 11th principal evicts u5
+    (second,) = list(steps)
+    # u5 is left out; "late" came after the snapshot began and waits for the next one.
+    assert [s.principal for s in second] == [f"User:u{i}" for i in range(6, 10)]
+    assert m.evicted_principal_count == 1
+
+
+def test_snapshot_in_steps_needs_a_step_of_one_or_more() -> None:
+    with pytest.raises(ValueError, match="step_principals must be >= 1"):
+        next(manager().snapshot_in_steps(0, step_principals=0))

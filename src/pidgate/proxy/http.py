@@ -6,7 +6,10 @@ few times a minute, so simplicity beats speed; what matters is that nothing a pe
 crash it or hold memory: the request head is bounded (8 KiB), slow peers time out, concurrent
 connections are capped, and every handler error becomes a 5xx answer.
 
-It runs on the proxy's event loop, which is also what makes scraping ``ProxyMetrics`` safe.
+It runs on the proxy's event loop, which is also what makes scraping ``ProxyMetrics`` safe. A
+source that can render in steps (``render_in_steps``, as ``ProxyMetrics`` does) is driven a step
+at a time with the loop let through between steps, so a scrape over many principals does not
+stall the proxy's connections for its whole length.
 It never writes: ``/state`` shows what the ``state`` callable returns, and the caller keeps
 credentials out of it.
 
@@ -20,8 +23,8 @@ import contextlib
 import inspect
 import json
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Final, Protocol, runtime_checkable
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -98,6 +101,25 @@ class MetricsSource(Protocol):
     """What /metrics renders: a ``ProxyMetrics``, or the --workers supervisor's merge."""
 
     def render(self) -> bytes | Awaitable[bytes]: ...
+
+
+@runtime_checkable
+class SteppedMetricsSource(Protocol):
+    """A source whose render is cut into steps: a generator that yields between bounded pieces
+    of work and returns the body."""
+
+    def render_in_steps(self) -> Generator[None, None, bytes]: ...
+
+
+async def _run_steps(steps: Generator[None, None, bytes]) -> bytes:
+    """Run ``steps`` to its end, letting the event loop run between two steps."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            body: bytes = done.value
+            return body
+        await asyncio.sleep(0)
 
 
 class AdminHttpServer:
@@ -208,6 +230,10 @@ class AdminHttpServer:
 
     async def _route(self, path: str) -> _Response:
         if path == "/metrics":
+            if isinstance(self._metrics, SteppedMetricsSource):
+                return _Response(
+                    200, await _run_steps(self._metrics.render_in_steps()), CONTENT_TYPE_PLAIN_0_0_4
+                )
             rendered = self._metrics.render()
             if inspect.isawaitable(rendered):  # the --workers supervisor asks its workers
                 rendered = await rendered

@@ -48,7 +48,7 @@ size the caps so eviction is rare and alert on the eviction counter.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 from .bucket import TokenBucket
@@ -151,6 +151,22 @@ class _Principal:
         self.enforcement = enforcement
 
 
+def _principal_state(name: str, state: _Principal, now_ms: int) -> PrincipalState:
+    enforcement = state.enforcement
+    return PrincipalState(
+        principal=name,
+        producer_ids_rate=state.bucket.rate,
+        tokens=state.bucket.tokens(now_ms),
+        layer_count=state.seen.layer_count,
+        bits=state.seen.total_bits,
+        estimated_false_positive_rate=state.seen.estimated_false_positive_rate(),
+        grandfather_mode=enforcement.mode_at(now_ms) if enforcement is not None else OFF,
+        frontier=enforcement.frontier if enforcement is not None else None,
+        enforcement_began_ms=enforcement.began_ms if enforcement is not None else None,
+        grandfather_reason=enforcement.reason if enforcement is not None else None,
+    )
+
+
 class QuotaManager:
     """Per-principal KIP-936 producer-ID quota. Not thread-safe: one event loop owns it."""
 
@@ -239,26 +255,31 @@ class QuotaManager:
         """State of every tracked principal at ``now_ms``, idlest first. Changes nothing
         (layers not yet expired are still counted)."""
         return tuple(
-            PrincipalState(
-                principal=name,
-                producer_ids_rate=state.bucket.rate,
-                tokens=state.bucket.tokens(now_ms),
-                layer_count=state.seen.layer_count,
-                bits=state.seen.total_bits,
-                estimated_false_positive_rate=state.seen.estimated_false_positive_rate(),
-                grandfather_mode=(
-                    state.enforcement.mode_at(now_ms) if state.enforcement is not None else OFF
-                ),
-                frontier=state.enforcement.frontier if state.enforcement is not None else None,
-                enforcement_began_ms=(
-                    state.enforcement.began_ms if state.enforcement is not None else None
-                ),
-                grandfather_reason=(
-                    state.enforcement.reason if state.enforcement is not None else None
-                ),
-            )
-            for name, state in self._principals.items()
+            _principal_state(name, state, now_ms) for name, state in self._principals.items()
         )
+
+    def principal_names(self) -> list[str]:
+        """The tracked principals, idlest first."""
+        return list(self._principals)
+
+    def snapshot_in_steps(
+        self, now_ms: int, step_principals: int
+    ) -> Iterator[tuple[PrincipalState, ...]]:
+        """``snapshot`` a step of at most ``step_principals`` principals at a time, so a caller
+        on the event loop can let requests through between steps (a /metrics scrape over 100k
+        principals took ~0.7 s in one go). The principals are those tracked when it starts,
+        idlest first; one evicted before its step is left out, one added meanwhile waits for
+        the next snapshot."""
+        if step_principals < 1:
+            raise ValueError(f"step_principals must be >= 1, got {step_principals}")
+        names = list(self._principals)
+        principals = self._principals
+        for start in range(0, len(names), step_principals):
+            yield tuple(
+                _principal_state(name, state, now_ms)
+                for name in names[start : start + step_principals]
+                if (state := principals.get(name)) is not None
+            )
 
     def tokens(self, principal: str, now_ms: int) -> float | None:
         """Tokens in ``principal``'s bucket at ``now_ms`` (None when it is not tracked): cheap,
