@@ -33,6 +33,8 @@ from pidgate.protocol.headers import parse_request_header
 from pidgate.protocol.produce import ProduceRequestSummary, parse_produce_request
 from pidgate.proxy.admission import Admitted, ProduceContext, Rejected
 from pidgate.proxy.background import BackgroundProxy
+from pidgate.quota.persistence import load_state
+from pidgate.quota.policy import QuotaPolicy
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.helpers import (
     REJECTED_DEFAULT,
@@ -485,6 +487,34 @@ def test_throttled_principal_and_known_pids_survive_a_restart(
         assert state_view["quotas"]["overrides"] == {"alice": 3}
         (anonymous,) = state_view["principals"]
         assert anonymous["principal"] == "User:ANONYMOUS" and anonymous["tokens"] < 1
+
+
+def test_the_state_file_is_rewritten_while_serving_with_what_was_admitted_since(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """The periodic save (copied a step of principals at a time, the loop let through between
+    steps) writes a state a restart can load, and the next save holds what came after."""
+    state_path = tmp_path / "pidgate-state.bin"
+    state = {"path": str(state_path), "persist_interval_ms": 200}
+    quota = anonymous_quota(producer_ids_rate=5, window_seconds=HOUR_S)
+    topic = unique_name("periodic-save")
+
+    def saved_knows(producer_id: int) -> bool:
+        if not state_path.is_file():
+            return False
+        now_ms = time.time_ns() // 1_000_000
+        policy = QuotaPolicy(window_ms=HOUR_S * 1000, default_producer_ids_rate=5)
+        restored, _ = load_state(state_path.read_bytes(), policy, now_ms)
+        return restored.is_known("User:ANONYMOUS", producer_id, now_ms)
+
+    with BackgroundProxy(operate_settings(broker, quota=quota, state=state)) as proxy:
+        create_topic(proxy.bootstrap, topic)
+        first, second = init_producer_id(proxy.bootstrap)[0], init_producer_id(proxy.bootstrap)[0]
+        assert produce_once(proxy.bootstrap, topic, first) == 0
+        wait_until(lambda: saved_knows(first), 10, "a save that knows the first PID")
+        assert produce_once(proxy.bootstrap, topic, second) == 0
+        # Saved again while serving, not only at shutdown:
+        wait_until(lambda: saved_knows(second), 10, "a later save that knows the second PID")
 
 
 def test_corrupt_state_file_starts_clean_with_a_warning(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import replace
 from typing import Any
 
@@ -312,3 +313,51 @@ def test_snapshot_in_steps_leaves_out_a_principal_evicted_before_its_step() -> N
 def test_snapshot_in_steps_needs_a_step_of_one_or_more() -> None:
     with pytest.raises(ValueError, match="step_principals must be >= 1"):
         next(manager().snapshot_in_steps(0, step_principals=0))
+
+
+def _history(m: QuotaManager) -> None:
+    """Principals of every kind for a cleanup at 25 s: idle a window long with a full bucket
+    (forgotten), recent with tokens spent, and active."""
+    for i in range(30):
+        m.admit(f"User:idle{i}", [i], 0)
+    for i in range(5):
+        m.admit(f"User:spent{i}", list(range(100 * i, 100 * i + 5)), 20_000)
+    for i in range(7):
+        m.admit(f"User:active{i}", [5_000 + i], 25_000)
+
+
+def _run(steps: Generator[None, None, int]) -> tuple[int, int]:
+    count = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, count
+        count += 1
+
+
+def test_expire_in_steps_forgets_and_frees_what_expire_does() -> None:
+    one_go, stepped = manager(rate=5), manager(rate=5)
+    _history(one_go)
+    _history(stepped)
+    forgotten = one_go.expire(25_000)
+    assert forgotten == 30
+    assert _run(stepped.expire_in_steps(25_000, step_principals=8)) == (forgotten, 6)
+    assert stepped.principal_names() == one_go.principal_names()
+    assert stepped.snapshot(25_000) == one_go.snapshot(25_000)
+    assert stepped.total_bits == one_go.total_bits == sum(s.bits for s in one_go.snapshot(25_000))
+
+
+def test_expire_in_steps_skips_a_principal_gone_before_its_step() -> None:
+    m = manager(rate=5, max_principals=42)
+    _history(m)
+    steps = m.expire_in_steps(25_000, step_principals=10)
+    next(steps)  # idle0..idle9 forgotten
+    m.admit("User:late", [77], 25_000)  # under the cap again: nothing evicted
+    for i in range(10, 30):  # idle10..idle29 come back before their step
+        m.admit(f"User:idle{i}", [i], 25_000)
+    forgotten, _ = _run(steps)
+    assert forgotten == 10  # idle0..idle9; the other 20 were active again by their step
+    names = m.principal_names()
+    assert "User:late" in names and "User:idle10" in names and "User:idle0" not in names
+    assert m.total_bits == sum(s.bits for s in m.snapshot(25_000))

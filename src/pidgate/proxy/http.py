@@ -29,6 +29,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from pidgate.proxy.logs import RateLimitedLog
+from pidgate.proxy.stepping import run_in_steps
 
 __all__ = ["MAX_REQUEST_HEAD_BYTES", "AdminHttpServer"]
 
@@ -109,17 +110,6 @@ class SteppedMetricsSource(Protocol):
     of work and returns the body."""
 
     def render_in_steps(self) -> Generator[None, None, bytes]: ...
-
-
-async def _run_steps(steps: Generator[None, None, bytes]) -> bytes:
-    """Run ``steps`` to its end, letting the event loop run between two steps."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            body: bytes = done.value
-            return body
-        await asyncio.sleep(0)
 
 
 class AdminHttpServer:
@@ -232,7 +222,9 @@ class AdminHttpServer:
         if path == "/metrics":
             if isinstance(self._metrics, SteppedMetricsSource):
                 return _Response(
-                    200, await _run_steps(self._metrics.render_in_steps()), CONTENT_TYPE_PLAIN_0_0_4
+                    200,
+                    await run_in_steps(self._metrics.render_in_steps()),
+                    CONTENT_TYPE_PLAIN_0_0_4,
                 )
             rendered = self._metrics.render()
             if inspect.isawaitable(rendered):  # the --workers supervisor asks its workers

@@ -13,7 +13,8 @@ pure (``pidgate.quota``); persistence and the shared store plug in through callb
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pidgate.config import DEFAULT_USER_ENTITY, Settings
@@ -23,7 +24,14 @@ from pidgate.proxy.quota_admin import entity_key
 from pidgate.proxy.state_file import load_or_start_clean, write_state_atomically
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import QuotaManager
-from pidgate.quota.persistence import QuotaOverrides, StateSnapshot, encode_state, snapshot_state
+from pidgate.quota.persistence import (
+    QuotaOverrides,
+    StateSnapshot,
+    assemble_state,
+    encode_principals,
+    encode_state,
+    snapshot_state,
+)
 from pidgate.quota.policy import QuotaPolicy
 
 #: Called after overrides changed locally: (user key, rate or None). The shared store publishes.
@@ -190,6 +198,40 @@ def open_quota_control(settings: Settings, now_ms: Callable[[], int]) -> QuotaCo
 def snapshot_for_saving(control: QuotaControl) -> StateSnapshot:
     """The fast half of saving: a copy of the state, taken on the event loop."""
     return snapshot_state(control.manager, control.now(), QuotaOverrides(control.overrides))
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedSave:
+    """A save made on the event loop a step at a time (``encode_for_saving_in_steps``): the
+    principals encoded; ``write_encoded`` assembles, compresses and writes them."""
+
+    dumped_at_ms: int
+    overrides: QuotaOverrides
+    principal_count: int
+    principals: bytes
+
+
+def encode_for_saving_in_steps(
+    control: QuotaControl, step_principals: int
+) -> Generator[None, None, EncodedSave]:
+    """The periodic save's part on the event loop, cut into steps of ``step_principals``
+    principals (yielding between them): each step's principals are copied whole and encoded
+    at once, so their copies never pile up (100k principals' copies held to the end set off a
+    full garbage collection). Dated when its last step is taken: no record is newer than it."""
+    parts: list[bytes] = []
+    count = 0
+    for step in control.manager.export_in_steps(step_principals):
+        parts.append(encode_principals(step))
+        count += len(step)
+        yield
+    return EncodedSave(control.now(), QuotaOverrides(control.overrides), count, b"".join(parts))
+
+
+def write_encoded(save: EncodedSave, settings: Settings) -> None:
+    """The slow half of the periodic save (compress + fsync): fine in a worker thread."""
+    assert settings.state.path is not None
+    state = assemble_state(save.dumped_at_ms, save.overrides, save.principal_count, save.principals)
+    write_state_atomically(settings.state.path, state)
 
 
 def write_snapshot(snapshot: StateSnapshot, settings: Settings) -> None:

@@ -38,12 +38,15 @@ from pidgate.proxy.metrics import DELIVERY_TIMEOUT_MS_DEFAULT, ProxyMetrics
 from pidgate.proxy.pid_frontier import FrontierProber, FrontierResult
 from pidgate.proxy.quota_admin import QuotaAdmin, entity_key
 from pidgate.proxy.quota_control import (
+    encode_for_saving_in_steps,
     open_quota_control,
     snapshot_for_saving,
+    write_encoded,
     write_snapshot,
 )
 from pidgate.proxy.routing import Address, BrokerRoute, Router
 from pidgate.proxy.shared_store import QuotaOverride, SharedQuotaStore
+from pidgate.proxy.stepping import LOOP_STEP_PRINCIPALS, run_in_steps
 from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import Admitted, Decision
@@ -642,9 +645,14 @@ class ProxyServer:
         interval_s = self.settings.state.persist_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            snapshot = snapshot_for_saving(self.quota_control)  # on the loop: consistent
+            # Copied and encoded on the loop a step of principals at a time (each principal
+            # copied whole), the loop let through between steps; compressed and written in a
+            # thread.
+            save = await run_in_steps(
+                encode_for_saving_in_steps(self.quota_control, LOOP_STEP_PRINCIPALS)
+            )
             try:
-                await asyncio.to_thread(write_snapshot, snapshot, self.settings)
+                await asyncio.to_thread(write_encoded, save, self.settings)
             except OSError as error:
                 self.context.log.warning(
                     "state_file_write_failed",
@@ -657,8 +665,11 @@ class ProxyServer:
         interval_s = self.settings.quota.cleanup_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
+            # A step of principals at a time, the loop let through between steps.
             try:
-                forgotten = self.quota.expire(quota_clock_ms())
+                forgotten = await run_in_steps(
+                    self.quota.expire_in_steps(quota_clock_ms(), LOOP_STEP_PRINCIPALS)
+                )
             except Exception as error:  # keep expiring next time; never take shutdown down
                 self.context.log.warning("quota_expiry_failed", key="expire", error=repr(error))
                 continue

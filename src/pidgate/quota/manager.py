@@ -48,7 +48,7 @@ size the caps so eviction is rare and alert on the eviction counter.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 from .bucket import TokenBucket
@@ -273,8 +273,8 @@ class QuotaManager:
         if step_principals < 1:
             raise ValueError(f"step_principals must be >= 1, got {step_principals}")
         names = list(self._principals)
-        principals = self._principals
         for start in range(0, len(names), step_principals):
+            principals = self._principals
             yield tuple(
                 _principal_state(name, state, now_ms)
                 for name in names[start : start + step_principals]
@@ -564,6 +564,32 @@ class QuotaManager:
         self._total_bits = self._total_bits_recount()
         return len(forgotten)
 
+    def expire_in_steps(self, now_ms: int, step_principals: int) -> Generator[None, None, int]:
+        """``expire`` a step of at most ``step_principals`` principals at a time (yielding
+        between steps), for the periodic cleanup on the event loop: 100k principals in one go
+        took ~90 ms. Returns how many principals were forgotten. A principal is expired as its
+        step finds it: one evicted or forgotten before its step is skipped, one added meanwhile
+        waits for the next cleanup (it has live state anyway)."""
+        if step_principals < 1:
+            raise ValueError(f"step_principals must be >= 1, got {step_principals}")
+        names = list(self._principals)
+        forgotten = 0
+        for start in range(0, len(names), step_principals):
+            principals = self._principals
+            for name in names[start : start + step_principals]:
+                state = principals.get(name)
+                if state is None:
+                    continue
+                seen = state.seen
+                bits_before = seen.total_bits
+                seen.expire(now_ms)
+                self._total_bits -= bits_before - seen.total_bits
+                if seen.is_empty and state.bucket.is_full(now_ms):
+                    del principals[name]
+                    forgotten += 1
+            yield
+        return forgotten
+
     # -- persistence -----------------------------------------------------------------------
 
     def export(self) -> tuple[PrincipalRecord, ...]:
@@ -573,6 +599,24 @@ class QuotaManager:
             PrincipalRecord(name, state.bucket, state.seen.export_layers(), state.enforcement)
             for name, state in self._principals.items()
         )
+
+    def export_in_steps(self, step_principals: int) -> Iterator[tuple[PrincipalRecord, ...]]:
+        """``export`` a step of at most ``step_principals`` principals at a time, so a caller
+        on the event loop can let requests through between steps (saving 100k principals in
+        one go held the loop ~0.6 s). Each principal is copied whole within its step, as that
+        step finds it; one evicted before its step is left out, one added meanwhile waits for
+        the next export (a restart restores each principal on its own, so this fuzzy copy is
+        all it needs)."""
+        if step_principals < 1:
+            raise ValueError(f"step_principals must be >= 1, got {step_principals}")
+        names = list(self._principals)
+        for start in range(0, len(names), step_principals):
+            principals = self._principals
+            yield tuple(
+                PrincipalRecord(name, state.bucket, state.seen.export_layers(), state.enforcement)
+                for name in names[start : start + step_principals]
+                if (state := principals.get(name)) is not None
+            )
 
     def restore(self, records: Iterable[PrincipalRecord]) -> int:
         """Replace all principal state with ``records`` (idlest first), taken as they are: the

@@ -77,8 +77,10 @@ __all__ = [
     "StateFormatError",
     "StateSnapshot",
     "UnsupportedStateVersion",
+    "assemble_state",
     "decode_state",
     "dump_state",
+    "encode_principals",
     "encode_state",
     "load_state",
     "snapshot_state",
@@ -279,19 +281,20 @@ def _write_bits(w: _Writer, bit_count: int, data: bytes) -> None:
 
 def encode_state(snapshot: StateSnapshot) -> bytes:
     """``snapshot`` in the format described in the module docstring."""
+    return assemble_state(
+        snapshot.dumped_at_ms,
+        snapshot.overrides,
+        len(snapshot.principals),
+        encode_principals(snapshot.principals),
+    )
+
+
+def encode_principals(records: Iterable[PrincipalRecord]) -> bytes:
+    """``records`` as they follow their count in a state body. A saver may encode its
+    principals a step at a time and join the parts (``assemble_state``): the steps' records are
+    then garbage at once instead of all held until the end."""
     w = _Writer()
-    w.sv(snapshot.dumped_at_ms)
-    w.uv(len(snapshot.overrides))
-    for user in sorted(snapshot.overrides):
-        rate = snapshot.overrides[user]
-        w.text(user)
-        if rate is None:
-            w.uv(0)
-        else:
-            w.uv(1)
-            w.uv(rate)
-    w.uv(len(snapshot.principals))
-    for record in snapshot.principals:
+    for record in records:
         bucket = record.bucket
         w.text(record.principal)
         w.uv(bucket.rate)
@@ -317,6 +320,27 @@ def encode_state(snapshot: StateSnapshot) -> bytes:
             w.uv(enforcement.grace_ms)
             w.sv(-1 if enforcement.frontier is None else enforcement.frontier)
             w.text(enforcement.reason)
+    return w.getvalue()
+
+
+def assemble_state(
+    dumped_at_ms: int, overrides: QuotaOverrides, principal_count: int, principals: bytes
+) -> bytes:
+    """A whole state from its parts: ``principals`` is ``principal_count`` records as
+    ``encode_principals`` wrote them (one call's output, or several joined)."""
+    w = _Writer()
+    w.sv(dumped_at_ms)
+    w.uv(len(overrides))
+    for user in sorted(overrides):
+        rate = overrides[user]
+        w.text(user)
+        if rate is None:
+            w.uv(0)
+        else:
+            w.uv(1)
+            w.uv(rate)
+    w.uv(principal_count)
+    w.raw(principals)
     body = w.getvalue()
     compressed = zlib.compress(body, 6)
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(body), len(compressed)) + compressed
