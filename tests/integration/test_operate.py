@@ -31,6 +31,7 @@ from pidgate.config import Settings
 from pidgate.demo.broker import EmbeddedBroker, free_port
 from pidgate.protocol.headers import parse_request_header
 from pidgate.protocol.produce import ProduceRequestSummary, parse_produce_request
+from pidgate.proxy import server as server_module
 from pidgate.proxy.admission import Admitted, ProduceContext, Rejected
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.quota.persistence import load_state
@@ -515,6 +516,41 @@ def test_the_state_file_is_rewritten_while_serving_with_what_was_admitted_since(
         assert produce_once(proxy.bootstrap, topic, second) == 0
         # Saved again while serving, not only at shutdown:
         wait_until(lambda: saved_knows(second), 10, "a later save that knows the second PID")
+
+
+def test_a_save_still_being_written_at_stop_never_replaces_the_final_one(
+    broker: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A periodic save that is slow to write (a slow disk, made here by a sleep before the real
+    write: a timing no real part can show on demand) is still writing when pidgate stops; the
+    final save, which holds a PID admitted after it, must be what stays on disk."""
+    state_path = tmp_path / "pidgate-state.bin"
+    state = {"path": str(state_path), "persist_interval_ms": 300}
+    quota = anonymous_quota(producer_ids_rate=5, window_seconds=HOUR_S)
+    topic = unique_name("slow-save")
+    real_write = server_module.write_encoded
+    writing, written = threading.Event(), threading.Event()
+
+    def slow_write(save: Any, settings: Settings) -> None:
+        writing.set()
+        time.sleep(1.5)
+        real_write(save, settings)
+        written.set()
+
+    monkeypatch.setattr(server_module, "write_encoded", slow_write)
+    proxy = BackgroundProxy(operate_settings(broker, quota=quota, state=state)).start()
+    try:
+        create_topic(proxy.bootstrap, topic)
+        late = init_producer_id(proxy.bootstrap)[0]
+        assert writing.wait(10), "no periodic save began"
+        assert produce_once(proxy.bootstrap, topic, late) == 0  # after that save was copied
+    finally:
+        proxy.stop()
+    assert written.wait(10), "the periodic save never finished"
+    now_ms = time.time_ns() // 1_000_000
+    policy = QuotaPolicy(window_ms=HOUR_S * 1000, default_producer_ids_rate=5)
+    restored, _ = load_state(state_path.read_bytes(), policy, now_ms)
+    assert restored.is_known("User:ANONYMOUS", late, now_ms)
 
 
 def test_corrupt_state_file_starts_clean_with_a_warning(

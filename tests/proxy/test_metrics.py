@@ -297,6 +297,46 @@ def _without_process_metrics(body: bytes) -> list[bytes]:
     return [line for line in body.splitlines() if not line.startswith(b"process_")]
 
 
+#: The families of a scrape, in order (process_* aside), as the render before scrapes were
+#: cut into steps gave them (checked against that tree when the steps came in).
+FAMILY_ORDER = (
+    "pidgate_producer_ids_rate",
+    "pidgate_producer_ids_tokens",
+    "pidgate_producer_ids_throttle_time_seconds",
+    "pidgate_producer_ids_new",
+    "pidgate_producer_ids_grandfathered",
+    "pidgate_producer_ids_rejected",
+    "pidgate_producer_ids_throttled",
+    "pidgate_produce_requests_rejected",
+    "pidgate_producer_ids_refreshed",
+    "pidgate_bloom_layers",
+    "pidgate_bloom_false_positive_rate_estimate",
+    "pidgate_grandfather_mode",
+    "pidgate_pid_frontier_probes",
+    "pidgate_producer_id_wait_seconds_max",
+    "pidgate_producer_ids_waiting",
+    "pidgate_producer_ids_waiting_over_half_delivery_timeout",
+    "pidgate_producer_ids_waiting_over_delivery_timeout",
+    "pidgate_producer_id_waits_dropped",
+    "pidgate_bloom_filter_bytes",
+    "pidgate_principals_tracked",
+    "pidgate_principals_evicted",
+    "pidgate_requests",
+    "pidgate_request_bytes",
+    "pidgate_response_bytes",
+    "pidgate_upstream_latency_seconds",
+    "pidgate_connections",
+    "pidgate_connections",
+    "pidgate_protocol_errors",
+    "pidgate_config_reloads",
+    "pidgate_produce_requests_held",
+    "pidgate_observer_errors",
+    "pidgate_user_labels",
+    "pidgate_build_info",
+    "pidgate_quota_failures",
+)
+
+
 def test_a_scrape_in_steps_renders_what_one_go_renders() -> None:
     """render_in_steps (what /metrics drives, letting the loop run between steps) is render()
     cut into steps: 2,500 principals over 300 labels give the same body, in at least a step
@@ -312,6 +352,12 @@ def test_a_scrape_in_steps_renders_what_one_go_renders() -> None:
     stepped, steps = _run_steps(metrics.render_in_steps(step_principals=300, step_labels=50))
     assert _without_process_metrics(stepped) == _without_process_metrics(whole)
     assert steps >= 2 * 9 + 301 // 50
+    families = [
+        f.name
+        for f in text_string_to_metric_families(stepped.decode("utf-8"))
+        if not f.name.startswith("process_")
+    ]
+    assert tuple(families) == FAMILY_ORDER
     samples = scrape(metrics)
     assert len(per_user(samples, "pidgate_producer_ids_new_total")) == 300 + 1  # + __other__
     assert sum(per_user(samples, "pidgate_producer_ids_new_total").values()) == 2_500
@@ -319,22 +365,43 @@ def test_a_scrape_in_steps_renders_what_one_go_renders() -> None:
 
 
 def test_a_principal_that_comes_or_goes_mid_scrape_is_counted_as_its_step_finds_it() -> None:
-    quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1, max_principals=40))
+    """Decisions go on between the steps of a scrape: a principal evicted before the step that
+    reaches it is left out, one tracked since the scrape began waits for the next scrape, and
+    a PID rejected meanwhile is counted under its user's label, never a negative wait."""
+    quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1, max_principals=41))
     clock = Clock()
     metrics = ProxyMetrics(quota, clock)
     for i in range(40):
         decide(quota, metrics, clock, f"User:u{i}", [i + 1])
     steps = metrics.render_in_steps(step_principals=10, step_labels=10)
-    for _ in range(4):  # the first pass: every principal's label assigned
+    for _ in range(4):  # the names pass: every principal's label assigned
         next(steps)
-    for i in range(30, 40):  # more arrive (evicting the 10 idlest), one goes idle
+    # Tracked without a decision reaching the metrics (as a fleet member learns PIDs): not
+    # part of this scrape, rather than filed under __other__ by the states pass.
+    quota.admit("User:learned", [555], clock.now_ms)
+    for _ in range(2):  # the states of u0..u9 and u10..u19
+        next(steps)
+    clock.now_ms += 500
+    for i in range(20):  # u0..u19 active again: u20..u29 are now the idlest
+        decide(quota, metrics, clock, f"User:u{i}", [i + 1])
+    for i in range(10):  # ten more principals evict u20..u29, before their step
         decide(quota, metrics, clock, f"User:late{i}", [i + 100])
+    assert isinstance(decide(quota, metrics, clock, "User:u35", [999]), Rejected)
     body, _ = _run_steps(steps)
     samples = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
     layers = {s.labels["user"]: s.value for s in samples["pidgate_bloom_layers"].samples}
-    assert "u0" not in layers and "u9" not in layers  # evicted before their step
-    assert layers.keys() >= {f"u{i}" for i in range(10, 40)}
-    assert samples["pidgate_principals_tracked"].samples[0].value == 40
+    assert layers.keys() == {f"u{i}" for i in range(20)} | {f"u{i}" for i in range(30, 40)}
+    new = {s.labels["user"]: s.value for s in samples["pidgate_producer_ids_new"].samples}
+    assert new["late0"] == 1  # its decision was counted; its quota state waits a scrape
+    waiting = {s.labels["user"]: s.value for s in samples["pidgate_producer_ids_waiting"].samples}
+    assert {user: count for user, count in waiting.items() if count} == {"u35": 1}
+    wait_max = {
+        s.labels["user"]: s.value for s in samples["pidgate_producer_id_wait_seconds_max"].samples
+    }
+    assert wait_max["u35"] == 0.0 and min(wait_max.values()) >= 0.0
+    assert samples["pidgate_principals_tracked"].samples[0].value == 41
+    next_scrape = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    assert "late0" in {s.labels["user"] for s in next_scrape["pidgate_bloom_layers"].samples}
 
 
 @pytest.mark.parametrize("steps", [{"step_principals": 0}, {"step_labels": 0}])

@@ -352,12 +352,13 @@ def test_expire_in_steps_skips_a_principal_gone_before_its_step() -> None:
     m = manager(rate=5, max_principals=42)
     _history(m)
     steps = m.expire_in_steps(25_000, step_principals=10)
-    next(steps)  # idle0..idle9 forgotten
-    m.admit("User:late", [77], 25_000)  # under the cap again: nothing evicted
-    for i in range(10, 30):  # idle10..idle29 come back before their step
-        m.admit(f"User:idle{i}", [i], 25_000)
+    next(steps)  # idle0..idle9 forgotten: 32 principals left
+    for i in range(11):  # 43 principals: the idlest, idle10, is evicted before its step
+        m.admit(f"User:late{i}", [7_000 + i], 25_000)
+    m.admit("User:idle10", [10], 25_000)  # back as a new state: idle11 is evicted in turn
+    assert m.evicted_principal_count == 2
     forgotten, _ = _run(steps)
-    assert forgotten == 10  # idle0..idle9; the other 20 were active again by their step
+    assert forgotten == 10 + 18  # idle12..idle29 too; idle10 is active again, idle11 is gone
     names = m.principal_names()
-    assert "User:late" in names and "User:idle10" in names and "User:idle0" not in names
+    assert "User:idle10" in names and "User:idle11" not in names and "User:idle12" not in names
     assert m.total_bits == sum(s.bits for s in m.snapshot(25_000))

@@ -182,8 +182,8 @@ class _Families:
         return iter(self._families)
 
 
-#: A scrape's time, its labelled users and its per-user families (``ProxyMetrics._prepare``).
-_Prepared = tuple[int, list[tuple[str, "_User"]], list[Metric]]
+#: A scrape's time, its per-user families and its wait families (``ProxyMetrics._prepare``).
+_Prepared = tuple[int, list[Metric], list[Metric]]
 
 
 class _Collector:
@@ -494,9 +494,10 @@ class ProxyMetrics:
             if key not in users:
                 users[key] = _User(now)
                 users.move_to_end(key, last=False)
-        del names, keys
+        del keys
         by_label: dict[str, _QuotaAggregate] = {}
-        for step in self._quota.snapshot_in_steps(now, step_principals):
+        # The names labelled above, so a principal tracked since is not filed under __other__.
+        for step in self._quota.snapshot_in_steps(now, step_principals, names):
             yield
             for state in step:
                 key = _user_key(state.principal)
@@ -521,7 +522,7 @@ class ProxyMetrics:
         for name, step in (("step_principals", step_principals), ("step_labels", step_labels)):
             if step < 1:
                 raise ValueError(f"{name} must be >= 1, got {step}")
-        self._prepared = yield from self._prepare(self._now_ms(), step_principals, step_labels)
+        self._prepared = yield from self._prepare(step_principals, step_labels)
         try:
             parts = []
             for family in self._registry.collect():
@@ -536,13 +537,11 @@ class ProxyMetrics:
         from what ``render_in_steps`` prepared."""
         prepared, self._prepared = self._prepared, None
         if prepared is None:
-            prepared = _run_to_end(
-                self._prepare(self._now_ms(), SCRAPE_STEP_PRINCIPALS, SCRAPE_STEP_LABELS)
-            )
-        now, labelled, per_user = prepared
+            prepared = _run_to_end(self._prepare(SCRAPE_STEP_PRINCIPALS, SCRAPE_STEP_LABELS))
+        now, per_user, waits = prepared
         yield from per_user
         yield from self._collect_frontier(now)
-        yield from self._collect_waits(now, labelled)
+        yield from waits
         yield from self._collect_quota_totals()
         yield from self._collect_traffic()
         yield GaugeMetricFamily(
@@ -552,18 +551,20 @@ class ProxyMetrics:
         )
         yield from self._collect_operations()
 
-    def _prepare(
-        self, now: int, step_principals: int, step_labels: int
-    ) -> Generator[None, None, _Prepared]:
+    def _prepare(self, step_principals: int, step_labels: int) -> Generator[None, None, _Prepared]:
         """The part of a scrape that grows with principals and user labels, in steps: the
-        quota snapshot per label, the labels, and the per-user families."""
-        quota_by_label = yield from self._label_quota_states(now, step_principals)
+        quota snapshot per label, the labels, the per-user families and the waits."""
+        quota_by_label = yield from self._label_quota_states(self._now_ms(), step_principals)
+        now = self._now_ms()  # the quota pass may have taken many turns of the event loop
         self._forget_old_waits(now)
         labelled: list[tuple[str, _User]] = list(self._users.items())
         if self._other_used:
             labelled.append((OTHER_USER, self._other))
+        # The waits read live tables: taken in the same step as the labels they are filed under
+        # (a user labelled after this step would have waits under no label of this scrape).
+        waits = list(self._collect_waits(now, labelled))
         per_user = yield from self._per_user_families(quota_by_label, labelled, step_labels)
-        return now, labelled, per_user
+        return now, per_user, waits
 
     def _per_user_families(
         self,

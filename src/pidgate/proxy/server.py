@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import secrets
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from pidgate.proxy.metrics import DELIVERY_TIMEOUT_MS_DEFAULT, ProxyMetrics
 from pidgate.proxy.pid_frontier import FrontierProber, FrontierResult
 from pidgate.proxy.quota_admin import QuotaAdmin, entity_key
 from pidgate.proxy.quota_control import (
+    EncodedSave,
     encode_for_saving_in_steps,
     open_quota_control,
     snapshot_for_saving,
@@ -168,6 +170,9 @@ class ProxyServer:
         self._stopping = False
         self._reloading: asyncio.Task[None] | None = None
         self._persisting: asyncio.Task[None] | None = None
+        #: Held while the state file is written: a periodic write still running in its thread
+        #: when pidgate stops is never left to replace the final, newer one.
+        self._state_write_lock = threading.Lock()
         self._shared_store: SharedQuotaStore | None = None
         self._probes: set[asyncio.Future[None]] = set()
         self._prober = FrontierProber(
@@ -435,13 +440,15 @@ class ProxyServer:
         await asyncio.to_thread(self._prober.close)
         if self.event_log is not None:
             await asyncio.to_thread(self.event_log.close)
-        if self.settings.state.path is not None:
-            self._save_state_now()
         for task in (self._housekeeping, self._reloading, self._persisting, *self._probes):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await task
+        if self.settings.state.path is not None:
+            # After the periodic save is cancelled: this is the last write (the lock waits for
+            # one that was already running in its thread).
+            self._save_state_now()
         for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
@@ -633,7 +640,9 @@ class ProxyServer:
 
     def _save_state_now(self) -> None:
         try:
-            write_snapshot(snapshot_for_saving(self.quota_control), self.settings)
+            snapshot = snapshot_for_saving(self.quota_control)
+            with self._state_write_lock:
+                write_snapshot(snapshot, self.settings)
         except OSError as error:
             get_logger().error(
                 "state_file_write_failed", path=str(self.settings.state.path), error=str(error)
@@ -645,14 +654,14 @@ class ProxyServer:
         interval_s = self.settings.state.persist_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            # Copied and encoded on the loop a step of principals at a time (each principal
-            # copied whole), the loop let through between steps; compressed and written in a
-            # thread.
-            save = await run_in_steps(
-                encode_for_saving_in_steps(self.quota_control, LOOP_STEP_PRINCIPALS)
-            )
             try:
-                await asyncio.to_thread(write_encoded, save, self.settings)
+                # Copied and encoded on the loop a step of principals at a time (each principal
+                # copied whole), the loop let through between steps; compressed and written in
+                # a thread.
+                save = await run_in_steps(
+                    encode_for_saving_in_steps(self.quota_control, LOOP_STEP_PRINCIPALS)
+                )
+                await asyncio.to_thread(self._write_encoded, save)
             except OSError as error:
                 self.context.log.warning(
                     "state_file_write_failed",
@@ -660,6 +669,12 @@ class ProxyServer:
                     path=str(self.settings.state.path),
                     error=str(error),
                 )
+            except Exception as error:  # a bug: keep saving next time, say so now
+                self.context.log.warning("state_save_failed", key="state", error=repr(error))
+
+    def _write_encoded(self, save: EncodedSave) -> None:
+        with self._state_write_lock:
+            write_encoded(save, self.settings)
 
     async def _expire_periodically(self) -> None:
         interval_s = self.settings.quota.cleanup_interval_ms / 1000

@@ -263,16 +263,17 @@ class QuotaManager:
         return list(self._principals)
 
     def snapshot_in_steps(
-        self, now_ms: int, step_principals: int
+        self, now_ms: int, step_principals: int, names: list[str] | None = None
     ) -> Iterator[tuple[PrincipalState, ...]]:
         """``snapshot`` a step of at most ``step_principals`` principals at a time, so a caller
         on the event loop can let requests through between steps (a /metrics scrape over 100k
         principals took ~0.7 s in one go). The principals are those tracked when it starts,
-        idlest first; one evicted before its step is left out, one added meanwhile waits for
-        the next snapshot."""
+        idlest first (or those of ``names`` still tracked, in that order); one evicted before
+        its step is left out, one added meanwhile waits for the next snapshot."""
         if step_principals < 1:
             raise ValueError(f"step_principals must be >= 1, got {step_principals}")
-        names = list(self._principals)
+        if names is None:
+            names = list(self._principals)
         for start in range(0, len(names), step_principals):
             principals = self._principals
             yield tuple(
