@@ -948,8 +948,10 @@ def test_a_flood_of_stalled_half_frames_announcing_max_frame_bytes(
             stalled.append(conn)
             conn.sendall(head)
         wait_until(lambda: connections() == 200, 20, "200 stalled connections open")
-        # Each holds a client and a broker socket.
-        wait_until(lambda: open_fd_count(gate.pid) >= fds_before + 400, 20, "400 sockets")
+        # Each holds a client and a broker socket; give or take the admin HTTP connection of
+        # the /state poll just before fds_before was read (urllib returns once it has read the
+        # body, maybe before pidgate closed its end: this failed once in a full run).
+        wait_until(lambda: open_fd_count(gate.pid) >= fds_before + 398, 20, "400 sockets")
         assert produce_through(1) == 0  # others are served meanwhile
         time.sleep(2.0)  # longer than the 1.5 s idle timeout above; far below the default
         rss_during = rss_bytes(gate.pid)
