@@ -270,17 +270,27 @@ class QuotaManager:
         principals took ~0.7 s in one go). The principals are those tracked when it starts,
         idlest first (or those of ``names`` still tracked, in that order); one evicted before
         its step is left out, one added meanwhile waits for the next snapshot."""
+        for step in self._in_steps(step_principals, names):
+            yield tuple(_principal_state(name, state, now_ms) for name, state in step)
+
+    def _in_steps(
+        self, step_principals: int, names: list[str] | None = None
+    ) -> Iterator[list[tuple[str, _Principal]]]:
+        """The tracked principals (those of ``names`` still tracked, else all, idlest first), a
+        step of at most ``step_principals`` at a time, for the passes over every principal
+        (``*_in_steps``). A step is read when it is reached: a principal evicted or forgotten
+        before it is left out, one added since the pass began waits for the next pass."""
         if step_principals < 1:
             raise ValueError(f"step_principals must be >= 1, got {step_principals}")
         if names is None:
             names = list(self._principals)
         for start in range(0, len(names), step_principals):
-            principals = self._principals
-            yield tuple(
-                _principal_state(name, state, now_ms)
+            principals = self._principals  # restore() may have replaced it
+            yield [
+                (name, state)
                 for name in names[start : start + step_principals]
                 if (state := principals.get(name)) is not None
-            )
+            ]
 
     def tokens(self, principal: str, now_ms: int) -> float | None:
         """Tokens in ``principal``'s bucket at ``now_ms`` (None when it is not tracked): cheap,
@@ -571,22 +581,15 @@ class QuotaManager:
         took ~90 ms. Returns how many principals were forgotten. A principal is expired as its
         step finds it: one evicted or forgotten before its step is skipped, one added meanwhile
         waits for the next cleanup (it has live state anyway)."""
-        if step_principals < 1:
-            raise ValueError(f"step_principals must be >= 1, got {step_principals}")
-        names = list(self._principals)
         forgotten = 0
-        for start in range(0, len(names), step_principals):
-            principals = self._principals
-            for name in names[start : start + step_principals]:
-                state = principals.get(name)
-                if state is None:
-                    continue
+        for step in self._in_steps(step_principals):
+            for name, state in step:
                 seen = state.seen
                 bits_before = seen.total_bits
                 seen.expire(now_ms)
                 self._total_bits -= bits_before - seen.total_bits
                 if seen.is_empty and state.bucket.is_full(now_ms):
-                    del principals[name]
+                    del self._principals[name]
                     forgotten += 1
             yield
         return forgotten
@@ -608,15 +611,10 @@ class QuotaManager:
         step finds it; one evicted before its step is left out, one added meanwhile waits for
         the next export (a restart restores each principal on its own, so this fuzzy copy is
         all it needs)."""
-        if step_principals < 1:
-            raise ValueError(f"step_principals must be >= 1, got {step_principals}")
-        names = list(self._principals)
-        for start in range(0, len(names), step_principals):
-            principals = self._principals
+        for step in self._in_steps(step_principals):
             yield tuple(
                 PrincipalRecord(name, state.bucket, state.seen.export_layers(), state.enforcement)
-                for name in names[start : start + step_principals]
-                if (state := principals.get(name)) is not None
+                for name, state in step
             )
 
     def restore(self, records: Iterable[PrincipalRecord]) -> int:
