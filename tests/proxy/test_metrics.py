@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Generator, Iterable
+from collections.abc import Iterable
 
 import pytest
 from prometheus_client import REGISTRY
@@ -21,6 +21,7 @@ from pidgate.proxy.admission import Gatekeeper, ProduceContext
 from pidgate.proxy.metrics import LATENCY_BUCKETS_S, OTHER_USER, ProxyMetrics, api_key_name
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
 from pidgate.quota.policy import QuotaPolicy
+from tests.steps import run_counting_steps
 
 REQUEST = ProduceRequestSummary(transactional_id=None, acks=-1, timeout_ms=30_000, topics=())
 PER_USER_FAMILIES = (
@@ -282,16 +283,6 @@ def test_label_cardinality_stays_capped_with_10k_principals() -> None:
     assert s["pidgate_user_labels"][()] == 1000
 
 
-def _run_steps(steps: Generator[None, None, bytes]) -> tuple[bytes, int]:
-    count = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value, count
-        count += 1
-
-
 def _without_process_metrics(body: bytes) -> list[bytes]:
     # process_* (CPU seconds, memory) changes between two renders; everything else must not.
     return [line for line in body.splitlines() if not line.startswith(b"process_")]
@@ -349,7 +340,9 @@ def test_a_scrape_in_steps_renders_what_one_go_renders() -> None:
     decide(quota, metrics, clock, "User:u7", [1_000_000])  # one rejection among them
     clock.now_ms += 1_000
     whole = metrics.render()
-    stepped, steps = _run_steps(metrics.render_in_steps(step_principals=300, step_labels=50))
+    stepped, steps = run_counting_steps(
+        metrics.render_in_steps(step_principals=300, step_labels=50)
+    )
     assert _without_process_metrics(stepped) == _without_process_metrics(whole)
     assert steps >= 2 * 9 + 301 // 50
     families = [
@@ -387,7 +380,7 @@ def test_a_principal_that_comes_or_goes_mid_scrape_is_counted_as_its_step_finds_
     for i in range(10):  # ten more principals evict u20..u29, before their step
         decide(quota, metrics, clock, f"User:late{i}", [i + 100])
     assert isinstance(decide(quota, metrics, clock, "User:u35", [999]), Rejected)
-    body, _ = _run_steps(steps)
+    body, _ = run_counting_steps(steps)
     samples = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
     layers = {s.labels["user"]: s.value for s in samples["pidgate_bloom_layers"].samples}
     assert layers.keys() == {f"u{i}" for i in range(20)} | {f"u{i}" for i in range(30, 40)}
@@ -408,7 +401,7 @@ def test_a_principal_that_comes_or_goes_mid_scrape_is_counted_as_its_step_finds_
 def test_a_scrape_step_must_hold_something(steps: dict[str, int]) -> None:
     _, metrics, _ = new_setup()
     with pytest.raises(ValueError, match="must be >= 1"):
-        _run_steps(metrics.render_in_steps(**steps))
+        run_counting_steps(metrics.render_in_steps(**steps))
 
 
 def test_idle_users_are_removed_and_free_their_label() -> None:

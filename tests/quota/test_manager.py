@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
+from tests.steps import run_counting_steps
 
 W = 10_000  # a short window, as in tests and the demo
 ALICE = "User:alice"
@@ -326,23 +326,13 @@ def _history(m: QuotaManager) -> None:
         m.admit(f"User:active{i}", [5_000 + i], 25_000)
 
 
-def _run(steps: Generator[None, None, int]) -> tuple[int, int]:
-    count = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value, count
-        count += 1
-
-
 def test_expire_in_steps_forgets_and_frees_what_expire_does() -> None:
     one_go, stepped = manager(rate=5), manager(rate=5)
     _history(one_go)
     _history(stepped)
     forgotten = one_go.expire(25_000)
     assert forgotten == 30
-    assert _run(stepped.expire_in_steps(25_000, step_principals=8)) == (forgotten, 6)
+    assert run_counting_steps(stepped.expire_in_steps(25_000, step_principals=8)) == (forgotten, 6)
     assert stepped.principal_names() == one_go.principal_names()
     assert stepped.snapshot(25_000) == one_go.snapshot(25_000)
     assert stepped.total_bits == one_go.total_bits == sum(s.bits for s in one_go.snapshot(25_000))
@@ -357,7 +347,7 @@ def test_expire_in_steps_skips_a_principal_gone_before_its_step() -> None:
         m.admit(f"User:late{i}", [7_000 + i], 25_000)
     m.admit("User:idle10", [10], 25_000)  # back as a new state: idle11 is evicted in turn
     assert m.evicted_principal_count == 2
-    forgotten, _ = _run(steps)
+    forgotten, _ = run_counting_steps(steps)
     assert forgotten == 10 + 18  # idle12..idle29 too; idle10 is active again, idle11 is gone
     names = m.principal_names()
     assert "User:idle10" in names and "User:idle11" not in names and "User:idle12" not in names
