@@ -254,7 +254,7 @@ def produce_java(
     settings = [f"{key}={value}" for key, value in (config or {}).items()]
     command = java_command(kafka.home, classes, "ThrottledProducer", bootstrap, topic, *settings)
     result = ProduceResult(f"java {kafka.version}", len(records), started_at=time.time())
-    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
     with subprocess.Popen(
         command,
         stdin=subprocess.PIPE,
@@ -263,25 +263,22 @@ def produce_java(
         text=True,
         start_new_session=True,
     ) as process:
-        assert process.stdin is not None and process.stdout is not None
-        stderr = _drain(process.stderr)
+        assert process.stdin is not None
+        stdout, stderr = _drain(process.stdout), _drain(process.stderr)
         try:
-            # Blocks until READY, or EOF if it died; log lines before it (4.x's log4j2 prints
-            # to stdout when java_command's log4j 1 setting does not apply) are skipped.
-            early = _lines_until(process.stdout, "READY")
-            if not early or early[-1].strip() != "READY":
-                result.errors.append(f"not ready: {early[-3:]} {''.join(stderr)[-1500:]}")
+            # Log lines may come before READY (4.x's log4j2 prints to stdout when
+            # java_command's log4j 1 setting does not apply): only the protocol lines count.
+            if not _wait_for_line(stdout, "READY", deadline, process):
+                result.errors.append(f"not ready: {stdout[-3:]} {''.join(stderr)[-1500:]}")
             else:
                 _ready(on_ready)
                 process.stdin.write("".join(f"{r.key}\t{r.value}\n" for r in records))
                 process.stdin.close()
-                reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()))
-                reader.start()
-                reader.join(timeout_s)
-                if reader.is_alive():
-                    result.errors.append(f"still running after {timeout_s}s")
+                if not _wait_for_line(stdout, "DONE", deadline, process):
+                    result.errors.append(f"no DONE in {timeout_s}s: {''.join(stderr)[-1500:]}")
         finally:
             _stop(process)
+    lines = list(stdout)
     for line in lines:
         kind, _, rest = line.strip().partition(" ")
         if kind == "ACK":
@@ -292,8 +289,6 @@ def produce_java(
             result.first_ack_at = at if first is None else min(first, at)
         elif kind == "FAIL":
             result.errors.append(rest)
-    if "DONE" not in (line.strip() for line in lines):
-        result.errors.append(f"no DONE (exit {process.returncode}): {''.join(stderr)[-1500:]}")
     result.finished_at = time.time()
     return result
 
@@ -374,20 +369,32 @@ def produce_console(
     return result
 
 
-def _lines_until(stream: Any, marker: str) -> list[str]:
-    """Lines of ``stream`` up to and including the line ``marker`` (all of them at EOF)."""
-    lines: list[str] = []
-    for line in iter(stream.readline, ""):
-        lines.append(line)
-        if line.strip() == marker:
-            break
-    return lines
+def _wait_for_line(
+    lines: list[str], marker: str, deadline: float, process: subprocess.Popen[str]
+) -> bool:
+    """Whether the line ``marker`` shows up in ``lines`` (filled by ``_drain``) before the
+    deadline or the process's end."""
+    while time.monotonic() < deadline:
+        exited = process.poll() is not None
+        if any(line.strip() == marker for line in list(lines)):
+            return True
+        if exited:  # its last lines may still be on their way
+            time.sleep(0.2)
+            return any(line.strip() == marker for line in list(lines))
+        time.sleep(0.05)
+    return False
 
 
 def _drain(stream: Any) -> list[str]:
-    """Read ``stream`` to its end in a thread (a full pipe must not block the child)."""
+    """Read ``stream`` to its end in a thread (a full pipe must not block the child); the
+    list grows line by line as they come."""
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(stream), daemon=True).start()
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
     return lines
 
 
