@@ -48,10 +48,17 @@ def _ensure(folder: Path) -> Path:
 
 def java_command(home: Path, classes: Path, main_class: str, *args: str) -> list[str]:
     """``java`` running ``main_class`` from ``classes`` with the distribution's jars."""
+    # Kafka 4 logs through log4j2 (tools-log4j2.yaml), 3.x through log4j 1.
+    log4j2 = home / "config" / "tools-log4j2.yaml"
+    logging = (
+        f"-Dlog4j2.configurationFile={log4j2}"
+        if log4j2.exists()
+        else f"-Dlog4j.configuration=file:{home / 'config' / 'tools-log4j.properties'}"
+    )
     return [
         "java",
         "-Xmx256m",
-        f"-Dlog4j.configuration=file:{home / 'config' / 'tools-log4j.properties'}",
+        logging,
         "-cp",
         f"{classes}:{home / 'libs'}/*",
         main_class,
