@@ -4,12 +4,15 @@ aborted on purpose, concurrently, by more producers than the quota admits at onc
 read_committed consumer then reads exactly the committed records, once each, and none of the
 aborted ones, which the log still holds (so the abort was real, not a no-op).
 
-librdkafka (confluent_kafka) and kafka-python run transactions here; pidgate answers each with
-the error code it retries (19 and 89, DESIGN.md "Rejection that every client survives").
+librdkafka (confluent_kafka), kafka-python and the Java producer of the distribution under test
+(java/TransactionalProducer.java) run transactions here; pidgate answers each with the error code
+it retries (19, 89 for kafka-python; DESIGN.md "Rejection that every client survives").
 """
 
 from __future__ import annotations
 
+import queue
+import subprocess
 import threading
 import time
 import uuid
@@ -26,10 +29,11 @@ from tests.integration.broker_log import fetch_batch_headers
 from tests.integration.helpers import init_producer_id
 from tests.realkafka.cluster_tools import create_topic, read_committed_values
 from tests.realkafka.gate import GateStarter
+from tests.realkafka.java import compile_java, java_command
 from tests.realkafka.kafka import KafkaRun
 
-#: Three transactional producers start together against a quota of two new PIDs per 12 s: one
-#: of them waits for a token (up to 6 s), inside its first transaction.
+#: Four transactional producers start together against a quota of two new PIDs per 12 s: two
+#: of them wait for a token (6 s, then 12 s), inside their first transaction.
 QUOTA = {
     "producer.id.quota.window.size.seconds": 12,
     "users": {"ANONYMOUS": {"producer_ids_rate": 2}},
@@ -47,10 +51,10 @@ class Transactor:
     """One transactional producer's run: what it committed and aborted."""
 
     name: str
-    begin: Callable[[], None]
-    send: Callable[[bytes], None]
-    commit: Callable[[], None]
-    abort: Callable[[], None]
+    begin: Callable[[], None] = lambda: None
+    send: Callable[[bytes], None] = lambda _value: None
+    commit: Callable[[], None] = lambda: None
+    abort: Callable[[], None] = lambda: None
     committed: list[bytes] = field(default_factory=list)
     aborted: list[bytes] = field(default_factory=list)
     error: str | None = None
@@ -125,6 +129,82 @@ def kafka_python_transactor(name: str, bootstrap: str, topic: str) -> Transactor
     )
 
 
+class JavaTransactor(Transactor):
+    """The Java producer (java/TransactionalProducer.java): started and through
+    initTransactions before the race, then told to go on stdin; its stdout says which
+    transactions it committed and aborted."""
+
+    def __init__(self, kafka: KafkaRun, bootstrap: str, topic: str) -> None:
+        super().__init__("java")
+        classes = compile_java(kafka.home, "TransactionalProducer.java")
+        command = java_command(
+            kafka.home,
+            classes,
+            "TransactionalProducer",
+            bootstrap,
+            topic,
+            f"java-{uuid.uuid4().hex[:8]}",
+            str(TRANSACTIONS),
+            str(RECORDS_PER_TRANSACTION),
+        )
+        with (kafka.run_dir / f"{topic}-java.log").open("w") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True
+            )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.log = kafka.run_dir / f"{topic}-java.log"
+        # Other lines may come first: Kafka 4's log4j2 complains about the tools' log4j 1
+        # configuration on stdout.
+        deadline = time.monotonic() + 120
+        while (line := self._next_line(max(0.0, deadline - time.monotonic()))) != "ready":
+            if line is None or line.startswith("error"):
+                self.kill()
+                raise AssertionError(f"the Java producer did not initTransactions: {line}")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def _next_line(self, timeout_s: float) -> str | None:
+        try:
+            return self.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def run(self, start: threading.Barrier) -> None:
+        try:
+            start.wait(120)
+            assert self.process.stdin is not None
+            self.process.stdin.write("go\n")
+            self.process.stdin.flush()
+            deadline = time.monotonic() + 150
+            while (line := self._next_line(max(0.0, deadline - time.monotonic()))) is not None:
+                verb, _, argument = line.partition(" ")
+                if verb in ("committed", "aborted"):
+                    values = [
+                        b"java-t%s-r%d" % (argument.encode(), record)
+                        for record in range(RECORDS_PER_TRANSACTION)
+                    ]
+                    (self.committed if verb == "committed" else self.aborted).extend(values)
+                elif verb == "error":
+                    self.error = line
+                elif verb == "done":
+                    return
+            self.error = self.error or "the Java producer stopped before it was done"
+        except BaseException as error:
+            self.error = repr(error)[:500]
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
 def wait_for_pid_allocation(kafka: KafkaRun, timeout_s: float = 60.0) -> None:
     """Kafka 4 answers InitProducerId with retriable COORDINATOR_LOAD_IN_PROGRESS until its
     first PID block arrives (../shared/kafka/README.md): wait for that before pidgate learns
@@ -157,20 +237,26 @@ def test_transactions_through_a_throttling_quota_read_back_exactly(
         rdkafka_transactor("rdkafka-a", gate.bootstrap, topic),
         rdkafka_transactor("rdkafka-b", gate.bootstrap, topic),
         kafka_python_transactor("kafkapython", gate.bootstrap, topic),
+        JavaTransactor(any_kafka, gate.bootstrap, topic),
     ]
     start = threading.Barrier(len(transactors))
     threads = [threading.Thread(target=t.run, args=(start,), daemon=True) for t in transactors]
     began = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(180)
+    finally:
+        for transactor in transactors:
+            if isinstance(transactor, JavaTransactor):
+                transactor.kill()
     elapsed = time.monotonic() - began
     assert not any(thread.is_alive() for thread in threads), "a transaction hung"
     assert [t.error for t in transactors] == [None] * len(transactors)
 
     counters = counters_of(gate)
-    # The quota bit: three new PIDs against two tokens, one held back and admitted later.
+    # The quota bit: four new PIDs against two tokens, two held back and admitted later.
     assert counters.produce_requests_rejected > 0
     assert counters.new_producer_ids_admitted == len(transactors)
 
