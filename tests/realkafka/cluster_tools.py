@@ -3,13 +3,15 @@ read straight from the cluster, sidecar-fleet settings, steady producers (librdk
 kafka-python) that record what was delivered when, and read-back of what the broker holds
 (values through a read_committed consumer, producer id and epoch from the batch headers).
 
-Owns: ``create_topic``, ``leader_of``, ``warm_up_pid_blocks``, ``sidecar_fleet``,
-``SteadyProducer`` and its two clients, ``read_committed_values``, ``batch_producers``.
+Owns: ``create_topic``, ``leader_of``, ``wait_for_full_isr``, ``first_producer_id``,
+``warm_up_pid_blocks``, ``sidecar_fleet``, ``SteadyProducer`` and its two clients,
+``read_committed_values``, ``batch_producers``.
 Every loop here is bounded in count and time; nothing here starts a broker.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -20,11 +22,12 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
+from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
 
 from pidgate.config import load_settings
 from pidgate.proxy.background import BackgroundProxy
 from tests.integration.broker_log import fetch_batch_headers
-from tests.integration.helpers import init_producer_id
+from tests.integration.helpers import KafkaSocket, decode_response, encode_request
 from tests.realkafka.kafka import KafkaRun, free_port
 
 
@@ -64,9 +67,9 @@ def isr_of(bootstrap: str, topic: str, partition: int = 0) -> list[int]:
     return sorted(isrs)
 
 
-def wait_for_full_isr(kafka: KafkaRun, topics: list[str], timeout_s: float = 90.0) -> None:
-    """After a broker restart: wait until it is back in the ISR of ``topics`` (and of the
-    internal topics), so the next SIGKILL leaves min.insync.replicas in place."""
+def wait_for_full_isr(kafka: KafkaRun, timeout_s: float = 120.0) -> None:
+    """After a broker restart: wait until every broker is registered and in the ISR of every
+    partition (so the next SIGKILL leaves min.insync.replicas in place)."""
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     deadline = time.monotonic() + timeout_s
     lagging: list[str] = []
@@ -75,7 +78,6 @@ def wait_for_full_isr(kafka: KafkaRun, topics: list[str], timeout_s: float = 90.
         lagging = [
             f"{name}-{p.id}"
             for name, topic in metadata.topics.items()
-            if name in topics or name.startswith("__") or name.startswith("pidgate-fleet")
             for p in topic.partitions.values()
             if len(p.isrs) < len(p.replicas) or p.leader < 0
         ]
@@ -85,12 +87,43 @@ def wait_for_full_isr(kafka: KafkaRun, topics: list[str], timeout_s: float = 90.
     raise AssertionError(f"ISR not full {timeout_s} s after the restart: {lagging[:10]}")
 
 
+#: InitProducerId errors a broker answers while it cannot allocate yet (retriable):
+#: COORDINATOR_LOAD_IN_PROGRESS (Kafka 4 fetching its first PID block), COORDINATOR_NOT_AVAILABLE,
+#: NOT_COORDINATOR.
+_NOT_YET = (14, 15, 16)
+
+
+def first_producer_id(address: str, timeout_s: float = 90.0) -> int:
+    """One InitProducerId, asked of a broker directly, waiting (bounded) for its first PID
+    block: a fresh 3.1 broker in ZooKeeper mode fetches it synchronously and stalls its request
+    handlers when several InitProducerIds arrive before it exists (../shared/kafka/README.md,
+    "Quirks"), so one request waits long rather than several short ones; Kafka 4 answers
+    retriable COORDINATOR_LOAD_IN_PROGRESS until it has it."""
+    deadline = time.monotonic() + timeout_s
+    request = InitProducerIdRequest(
+        version=4,
+        transactional_id=None,
+        transaction_timeout_ms=60_000,
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    for attempt in range(1, 1000):
+        with KafkaSocket(address, timeout_s=max(1.0, deadline - time.monotonic())) as conn:
+            conn.sendall(encode_request(request, 4, attempt))
+            response = decode_response(InitProducerIdResponse, conn.recv_frame(), 4)
+        if response.error_code == 0:
+            producer_id: int = response.producer_id
+            return producer_id
+        if response.error_code not in _NOT_YET or time.monotonic() > deadline:
+            raise AssertionError(f"InitProducerId to {address}: error {response.error_code}")
+        time.sleep(0.5)
+    raise AssertionError(f"InitProducerId to {address}: no PID")
+
+
 def warm_up_pid_blocks(kafka: KafkaRun) -> None:
-    """One InitProducerId to each broker on its own: a fresh 3.1 broker in ZooKeeper mode
-    stalls its request handlers when concurrent InitProducerIds arrive before its first PID
-    block exists (../shared/kafka/README.md, "Quirks")."""
+    """``first_producer_id`` from each broker, one at a time."""
     for port in kafka.broker_ports.values():
-        init_producer_id(("127.0.0.1", port))
+        first_producer_id(f"127.0.0.1:{port}")
 
 
 def sidecar_fleet(
@@ -191,9 +224,11 @@ class SteadyProducer:
         with self._lock:
             return sum(1 for t in self.ack_times if t > moment)
 
-    def first_ack_after(self, moment: float) -> float | None:
+    def longest_stall_after(self, moment: float) -> float:
+        """The longest time without an acknowledgement from ``moment`` to the last one."""
         with self._lock:
-            return next((t for t in self.ack_times if t > moment), None)
+            times = [moment] + [t for t in self.ack_times if t > moment]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
     def close(self) -> None:
         pass

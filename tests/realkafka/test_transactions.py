@@ -26,8 +26,7 @@ from kafka import KafkaProducer
 
 from pidgate.proxy.background import BackgroundProxy
 from tests.integration.broker_log import fetch_batch_headers
-from tests.integration.helpers import init_producer_id
-from tests.realkafka.cluster_tools import create_topic, read_committed_values
+from tests.realkafka.cluster_tools import create_topic, first_producer_id, read_committed_values
 from tests.realkafka.gate import GateStarter
 from tests.realkafka.java import compile_java, java_command
 from tests.realkafka.kafka import KafkaRun
@@ -205,22 +204,6 @@ class JavaTransactor(Transactor):
         self.process.wait(10)
 
 
-def wait_for_pid_allocation(kafka: KafkaRun, timeout_s: float = 60.0) -> None:
-    """Kafka 4 answers InitProducerId with retriable COORDINATOR_LOAD_IN_PROGRESS until its
-    first PID block arrives (../shared/kafka/README.md): wait for that before pidgate learns
-    its frontier, so the quota is enforced from the start (issue 21 item 2 is pidgate's own
-    retry; this test is about transactions)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            init_producer_id(kafka.first_bootstrap)
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def counters_of(gate: BackgroundProxy) -> Any:
     return gate.call_and_wait(lambda: gate.server.counters)
 
@@ -228,7 +211,10 @@ def counters_of(gate: BackgroundProxy) -> Any:
 def test_transactions_through_a_throttling_quota_read_back_exactly(
     any_kafka: KafkaRun, start_gate: GateStarter
 ) -> None:
-    wait_for_pid_allocation(any_kafka)
+    # Before pidgate learns its frontier, so the quota is enforced from the start (pidgate's
+    # own retry of COORDINATOR_LOAD_IN_PROGRESS is issue 21 item 2; this test is about
+    # transactions).
+    first_producer_id(any_kafka.first_bootstrap)
     gate = start_gate(any_kafka, quota=QUOTA)
     topic = f"txn-{uuid.uuid4().hex[:8]}"
     create_topic(any_kafka.bootstrap, topic)
