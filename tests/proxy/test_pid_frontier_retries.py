@@ -212,6 +212,20 @@ def test_an_unreachable_cluster_says_so_after_retrying() -> None:
     assert "retriable; still failing after" in reason
 
 
+def test_metadata_without_brokers_is_retried() -> None:
+    """A broker that has just started may answer Metadata before it lists itself."""
+    clock = FakeClock()
+    cluster = ScriptedCluster(clock, {1: []}, metadata=[[], []])
+    result = probe(cluster)
+    assert result.frontier == 1000, result
+    assert result.retries == 2
+    assert "metadata lists no broker" in result.reason
+    never = ScriptedCluster(FakeClock(), {1: []}, metadata=[[]] * 100)
+    failed = probe(never, timeout_ms=1000)
+    assert failed.frontier is None
+    assert failed.reason.startswith("the cluster's metadata lists no broker (retriable;"), failed
+
+
 def test_every_broker_is_retried_under_one_time_limit() -> None:
     """Three brokers, each loading its PID block once: one frontier, the slowest broker's."""
     clock = FakeClock()

@@ -210,10 +210,14 @@ def run_probe(
             )
         return pid
 
+    def broker_ids(remaining_ms: int) -> list[int]:
+        brokers = target.broker_ids(remaining_ms)
+        if not brokers:  # a broker that has just started may not list itself yet
+            raise _Retriable("the cluster's metadata lists no broker")
+        return sorted(brokers)
+
     try:
-        brokers = sorted(attempts.run("cannot reach the cluster", target.broker_ids))
-        if not brokers:
-            raise _GiveUp("the cluster's metadata lists no broker")
+        brokers = attempts.run("cannot reach the cluster", broker_ids)
         for node_id in brokers:
             what = f"broker {node_id}"
             first = attempts.run(what, functools.partial(fresh_pid, node_id))
