@@ -159,7 +159,8 @@ def test_quota_activation_never_throttles_running_producers_and_holds_a_new_stor
     steady_count = 3
     # A session broker may be fresh: a fresh 3.1 broker needs one InitProducerId on its own
     # before concurrent ones (../shared/kafka/README.md); the probe sends two, one at a time.
-    assert probe_frontier(any_kafka.bootstrap.split(",")).frontier is not None
+    warm_up = probe_frontier(any_kafka.bootstrap.split(","), timeout_ms=60_000)
+    assert warm_up.frontier is not None, warm_up
     gate = start_gate(any_kafka, quota=quota(None))  # nobody limited: no probe yet
     topic = unique_name("gf-activate")
     create_topic(any_kafka.bootstrap, topic)

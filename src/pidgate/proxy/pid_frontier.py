@@ -134,6 +134,12 @@ def _is_retriable(error: BaseException) -> bool:
     return isinstance(error, OSError)
 
 
+def _describe(error: BaseException) -> str:
+    """``Type: message``, once (kafka-python's messages often start with the type already)."""
+    text, name = str(error), type(error).__name__
+    return text if text.startswith(name) else f"{name}: {text}"
+
+
 @dataclass
 class _Attempts:
     """Runs steps until they succeed, retrying retriable failures with backoff, within one
@@ -160,7 +166,7 @@ class _Attempts:
             except _GiveUp:
                 raise
             except Exception as error:  # kafka-python raises many kinds
-                detail = f"{what}: {type(error).__name__}: {error}"
+                detail = f"{what}: {_describe(error)}"
                 if not _is_retriable(error):
                     raise _GiveUp(f"{detail} (not retriable)") from error
                 self.last_error = detail
