@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from pidgate.proxy.background import BackgroundProxy
-from pidgate.proxy.pid_frontier import probe_frontier
+from pidgate.proxy.pid_frontier import FrontierResult, probe_frontier
 from tests.integration.helpers import admin_address, create_topic, http_get, unique_name, wait_until
 from tests.integration.metrics_text import metric, parse_samples
 from tests.integration.test_grandfather import SteadyProducers, storm
@@ -66,6 +66,10 @@ def principal_state(gate: BackgroundProxy) -> tuple[dict[str, Any], dict[str, An
     (principal,) = [p for p in state["principals"] if p["principal"] == f"User:{USER}"]
     probe: dict[str, Any] = state["grandfather"]["last_probe"]
     return principal, probe
+
+
+def last_probe(gate: BackgroundProxy) -> FrontierResult | None:
+    return gate.call_and_wait(lambda: gate.server.last_frontier)
 
 
 def grandfathered(gate: BackgroundProxy) -> float:
@@ -109,7 +113,7 @@ def test_cold_start_on_a_fresh_broker_learns_the_frontier_and_a_restart_grandfat
     # pidgate starts the moment the broker listens: its probe is the broker's first
     # InitProducerId (on 4.1 answered 14 COORDINATOR_LOAD_IN_PROGRESS until the PID block is in).
     first = start_gate(kafka, quota=quota(RATE), proxy=ports)
-    cold_probe = first.call_and_wait(lambda: first.server.last_frontier)
+    cold_probe = last_probe(first)
     assert cold_probe is not None and cold_probe.frontier is not None, cold_probe
     print(f"cold start on {kafka.version}: {cold_probe}")
     if kafka.major >= 4:  # KRaft fetches PID blocks asynchronously: the probe met it, retried
@@ -172,7 +176,13 @@ def test_quota_activation_never_throttles_running_producers_and_holds_a_new_stor
             (0, None, [("user", None)])
         ]
         activated = time.monotonic()
-        outcome = storm(gate.bootstrap, topic, STORM)  # right away, no waiting for anything
+        # The quota applies at once; the frontier probe runs right after it. Until it answers
+        # the principal is `pending` and admits unknown PIDs (docs/grandfathering.md, "Probe
+        # timing"): here that round trip took up to 1.2 s at load 24 on 2 cores (against tansu
+        # on a quiet machine, 20-35 ms), and 3 storm PIDs passed in it. The storm starts
+        # when the frontier is known: from then on no new PID passes free.
+        wait_until(lambda: last_probe(gate) is not None, 30, "the frontier probe answering")
+        outcome = storm(gate.bootstrap, topic, STORM)
         keeps_delivering(steady, 3, timeout_s=15)
         steady.stop()
     principal, probe = principal_state(gate)
