@@ -156,13 +156,26 @@ def test_persisting_retriable_errors_give_up_at_the_time_limit_naming_the_last_e
     # Bounded: never past the deadline, and no pause would have ended after it.
     assert clock.now - started <= 5.0
     # Backoff doubles to its cap: attempts at 0, 0.1, 0.3, 0.7, 1.5, 2.5, 3.5 and 4.5 s; the
-    # next pause would end past 5 s, so the probe gives up at once instead of sleeping.
+    # next pause would end past 5 s, so one last attempt halfway through the rest (4.75 s),
+    # then the probe gives up at once instead of sleeping.
     assert max(clock.sleeps) == BACKOFF_MAX_S
-    assert len(cluster.requests) == 8 == result.retries
-    assert "after 8 attempt(s) in 5000 ms" in reason
+    assert clock.sleeps[-1] == pytest.approx((5.0 - 4.508) / 2, abs=0.002)
+    assert len(cluster.requests) == 9 == result.retries
+    assert "after 9 attempt(s) in 5000 ms" in reason
     # Each request may take at most what is left of the probe's time.
     assert all(timeout_ms <= 5000 for _, timeout_ms in cluster.requests)
     assert cluster.requests[-1][1] < 5000 - 3000
+
+
+def test_an_error_that_clears_just_before_the_time_limit_still_gives_a_frontier() -> None:
+    """Eight answers of 14 over 4.5 s: the last attempt, halfway through what is left, gets it."""
+    clock = FakeClock()
+    started = clock.now
+    cluster = ScriptedCluster(clock, {1: [(COORDINATOR_LOAD_IN_PROGRESS, -1)] * 8})
+    result = probe(cluster, timeout_ms=5000)
+    assert result.frontier == 1000, result
+    assert result.retries == 8
+    assert 4.5 < clock.now - started <= 5.0
 
 
 def test_jitter_keeps_pauses_within_twenty_percent() -> None:

@@ -82,6 +82,9 @@ RETRIABLE_ERROR_CODES: frozenset[int] = frozenset(
 BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 1.0
 BACKOFF_JITTER = 0.2
+#: The last attempt, when the next pause would end past the deadline, is made only if at least
+#: this much is left for it.
+LAST_TRY_MIN_S = 0.05
 
 _T = TypeVar("_T")
 
@@ -152,6 +155,7 @@ class _Attempts:
     jitter: Callable[[], float]
     retries: int = 0
     last_error: str | None = None
+    last_try: bool = False
 
     def run(self, what: str, step: Callable[[int], _T]) -> _T:
         backoff_s = BACKOFF_INITIAL_S
@@ -172,8 +176,14 @@ class _Attempts:
                 self.last_error = detail
             self.retries += 1
             pause_s = backoff_s * (1 + BACKOFF_JITTER * (2 * self.jitter() - 1))
-            if self.clock() + pause_s >= self.deadline:
-                raise _GiveUp(self._out_of_time(what))
+            left_s = self.deadline - self.clock()
+            if pause_s >= left_s:
+                # One last attempt halfway through what is left (it gets the other half),
+                # rather than sleeping past the deadline or giving up with time to spare.
+                if self.last_try or left_s < 2 * LAST_TRY_MIN_S:
+                    raise _GiveUp(self._out_of_time(what))
+                self.last_try = True
+                pause_s = left_s / 2
             self.sleep(pause_s)
             backoff_s = min(BACKOFF_MAX_S, backoff_s * 2)
 
