@@ -96,8 +96,10 @@ class QuotaSettings(_Frozen):
         "frontier; any, when no frontier could be learnt) pass without a token for this long; "
         "default one layer's span (window / window.num); 0 turns grandfathering off",
     )
+    # A fresh Kafka 3.1 broker took 2-8 s to answer the probe on a loaded 2-core machine, and
+    # Kafka 4 answers 14 COORDINATOR_LOAD_IN_PROGRESS first (retried within this bound).
     grandfather_probe_timeout_ms: int = Field(
-        5000,
+        15_000,
         ge=100,
         le=600_000,
         description="how long pidgate waits for every broker's fresh PID when it learns the "

@@ -624,6 +624,8 @@ class ProxyServer:
                 frontier=result.frontier,
                 brokers={str(node): pids for node, pids in result.per_broker.items()},
                 elapsed_ms=result.elapsed_ms,
+                retries=result.retries,
+                reason=result.reason,
                 enforcement_began_ms=enforcement.began_ms,
                 grace_ms=enforcement.grace_ms,
             )
