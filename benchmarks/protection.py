@@ -471,7 +471,8 @@ class Pidgate:
 @dataclass
 class Heap:
     total: int
-    by_class: dict[str, int]
+    by_class: dict[str, int]  # bytes
+    instances: dict[str, int]
 
     def state_classes(self) -> tuple[str, ...]:
         for entry_class, classes in STATE_CLASSES.items():
@@ -496,16 +497,19 @@ def live_heap(java_pid: int) -> Heap:
     if result.returncode != 0:
         raise RuntimeError(f"jcmd {java_pid} GC.class_histogram: {result.stdout}{result.stderr}")
     by_class: dict[str, int] = {}
+    instances: dict[str, int] = {}
     total = 0
     for line in result.stdout.splitlines():
         row = re.match(r"\s*\d+:\s+(\d+)\s+(\d+)\s+(\S+)", line)
         if row:
-            by_class[row.group(3)] = by_class.get(row.group(3), 0) + int(row.group(2))
+            name = row.group(3)  # one name twice: loaded by two class loaders
+            by_class[name] = by_class.get(name, 0) + int(row.group(2))
+            instances[name] = instances.get(name, 0) + int(row.group(1))
         elif line.startswith("Total"):
             total = int(line.split()[2])
     if not total:
         raise RuntimeError(f"no Total line in jcmd's histogram: {result.stdout[-500:]}")
-    return Heap(total, by_class)
+    return Heap(total, by_class, instances)
 
 
 def java_pid(kafka: KafkaRun) -> int:
@@ -534,9 +538,12 @@ class RunResult:
     init_retries: int
     storm_seconds: float
     entries: int
+    entries_before: int  # before the storm: the steady producer's
     entries_per_partition: list[int]
     heap_delta_bytes: int
     state_delta_bytes: int
+    #: Live ProducerStateEntry objects added: one per entry the broker holds.
+    entry_objects: int
     bytes_per_entry_heap: float
     bytes_per_entry_state: float
     steady_delivered: int
@@ -620,9 +627,11 @@ def run_one(home: Path, path: str, args: argparse.Namespace, log_dir: Path) -> R
             init_retries=storm.init_retries,
             storm_seconds=round(storm.seconds, 1),
             entries=entries,
+            entries_before=entries_before,
             entries_per_partition=per_partition,
             heap_delta_bytes=after.total - before.total,
             state_delta_bytes=state_delta,
+            entry_objects=after.instances.get(classes[0], 0) - before.instances.get(classes[0], 0),
             bytes_per_entry_heap=round((after.total - before.total) / added, 1),
             bytes_per_entry_state=round(state_delta / added, 1),
             steady_delivered=steady.delivered,

@@ -91,7 +91,13 @@ def test_a_pid_storm_fills_the_broker_directly_and_not_through_pidgate(
         direct["entries"] / gated["entries"], 1
     )
 
-    # The broker's live heap (jcmd's histogram after a full GC): producer-state objects grew
-    # with the entries each path left.
+    # The broker's live heap (jcmd's histogram after a full GC) holds one ProducerStateEntry
+    # per entry each path added (to within one: an append in flight at a histogram holds the
+    # steady producer's next entry for a moment).
+    for run in (direct, gated):
+        added = run["entries"] - run["entries_before"]
+        assert abs(run["entry_objects"] - added) <= 1, run
+    # Generic classes of the entries (Long, Object[], HashMap$Node) also move with the rest of
+    # the broker, so only a wide margin is asserted on their bytes.
     assert direct["state_delta_bytes"] > 0
-    assert direct["state_delta_bytes"] > 10 * gated["state_delta_bytes"]
+    assert direct["state_delta_bytes"] > 2 * gated["state_delta_bytes"]
