@@ -131,6 +131,28 @@ def test_a_hold_ends_inside_the_clients_request_timeout_with_the_honest_wait(
     assert hold_stats(proxy)["expired"] == 1
 
 
+def test_the_wait_told_counts_the_requests_held_ahead(start_proxy) -> None:
+    """Two waiting for a token each: the one whose hold ends first is told when the second
+    token comes, not the first (which the request ahead of it will take)."""
+    proxy = start_proxy(quota=anonymous_quota(1, 10))  # one token per 10 s
+    topic = unique_name("hold-ahead")
+    create_topic(proxy.bootstrap, topic)
+    spend_the_only_token(proxy, topic)
+    with (
+        KafkaSocket(proxy.bootstrap, timeout_s=15) as ahead,
+        KafkaSocket(proxy.bootstrap, timeout_s=15) as behind,
+    ):
+        first, _ = init_producer_id(proxy.bootstrap)
+        ahead.sendall(produce_frame(topic, first, 1, timeout_ms=30_000))
+        wait_until(lambda: hold_stats(proxy)["held"] == 1, 5, "the first held")
+        second, _ = init_producer_id(proxy.bootstrap)
+        behind.sendall(produce_frame(topic, second, 2, timeout_ms=1500))
+        answer = decode_produce(behind.recv_frame(), 8)
+    assert produce_partition_errors(answer) == [NOT_ENOUGH_REPLICAS]
+    # Two tokens away (~20 s from the spend), less the ~1-2 s already gone.
+    assert 15_000 < answer.throttle_time_ms <= 20_000
+
+
 def test_a_produce_held_for_a_client_that_went_away_is_never_forwarded(
     start_proxy, broker: EmbeddedBroker
 ) -> None:

@@ -116,3 +116,15 @@ def test_throttle_time_is_exact(
         assert bucket.try_take(need, start + wait) is not None
         if wait:
             assert bucket.try_take(need, start + wait - 1) is None
+
+
+def test_time_until_refilled_counts_tokens_beyond_the_capacity() -> None:
+    """The n-th token from now, each taken as it comes: what a request waits behind others."""
+    empty = TokenBucket.full(rate=1, window_ms=10_000, now_ms=0).try_take(1, 0)
+    assert empty is not None
+    assert empty.time_until_refilled_ms(1, 0) == 10_000
+    assert empty.time_until_refilled_ms(3, 0) == 30_000  # beyond the capacity of 1
+    assert empty.time_until_refilled_ms(3, 4_000) == 26_000
+    assert empty.time_until_available_ms(3, 0) == 10_000  # the capped answer, for contrast
+    assert TokenBucket.full(rate=2, window_ms=1000, now_ms=0).time_until_refilled_ms(2, 0) == 0
+    assert TokenBucket.full(rate=0, window_ms=1000, now_ms=0).time_until_refilled_ms(1, 0) == 1000

@@ -225,8 +225,12 @@ class _HeldProduce:
     def recheck(self) -> Recheck:
         return self.connection._recheck_held(self)
 
-    def expire(self) -> None:
-        self.connection._expire_held(self)
+    @property
+    def tokens_needed(self) -> int:
+        return len(self.producer_ids)
+
+    def expire(self, tokens_ahead: int) -> None:
+        self.connection._expire_held(self, tokens_ahead)
 
 
 class ClientConnection(asyncio.BufferedProtocol):
@@ -998,11 +1002,13 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._process_inbox()
         return "released"
 
-    def _expire_held(self, held: _HeldProduce) -> None:
-        """The hold ran out without tokens: answer with the honest remaining wait (capped by
-        ``rejection.max_hold_throttle_time_ms``) and read on. No mute: the client's retry is
-        held again, which is what paces a client that ignores throttle_time_ms (librdkafka),
-        while one that honours it (Java, KIP-219) waits out the whole wait on one retry."""
+    def _expire_held(self, held: _HeldProduce, tokens_ahead: int) -> None:
+        """The hold ran out without tokens: answer with the honest remaining wait -- until
+        the bucket has refilled the tokens of the requests held ahead of it and its own --
+        capped by ``rejection.max_hold_throttle_time_ms``, and read on. No mute: the client's
+        retry is held again, which is what paces a client that ignores throttle_time_ms
+        (librdkafka), while one that honours it (Java, KafkaJS; KIP-219) waits out the whole
+        wait on one retry."""
         if self._held is not held:
             return
         self._held = None
@@ -1014,9 +1020,12 @@ class ClientConnection(asyncio.BufferedProtocol):
             context.client_software_name, settings.error_codes, context.client_id
         )
         now_ms = monotonic_ms()
-        throttle_time_ms = min(
-            max(held.wait_until_ms - now_ms, 0), settings.max_hold_throttle_time_ms
-        )
+        wait_ms = max(held.wait_until_ms - now_ms, 0)
+        if tokens_ahead:
+            wait_ms = self._context.gatekeeper.quota.time_until_refilled_ms(
+                held.principal, tokens_ahead + held.tokens_needed, quota_clock_ms()
+            )
+        throttle_time_ms = min(wait_ms, settings.max_hold_throttle_time_ms)
         self._context.log.info(
             "produce_hold_expired",
             key=context.principal,

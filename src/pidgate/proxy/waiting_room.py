@@ -41,15 +41,22 @@ _WAKE_SLACK_S = 0.002
 class HeldProduce(Protocol):
     """One held request, as the connection that holds it sees it."""
 
-    principal: str
-    size_bytes: int
+    @property
+    def principal(self) -> str: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def tokens_needed(self) -> int:
+        """New PIDs it carries: the tokens it takes when released."""
+        ...
 
     def recheck(self) -> Recheck:
         """Ask the quota again; forward the request if admitted."""
         ...
 
-    def expire(self) -> None:
-        """The hold ran out: answer the request with a rejection."""
+    def expire(self, tokens_ahead: int) -> None:
+        """The hold ran out: answer the request with a rejection; ``tokens_ahead``: what the
+        requests held before it need (they take the next tokens)."""
         ...
 
 
@@ -187,8 +194,13 @@ class WaitingRoom:
     def _expire(self, entry: _Entry) -> None:
         if id(entry.held) not in self._entries:
             return
+        tokens_ahead = 0
+        for ahead in self._queues.get(entry.held.principal, ()):
+            if ahead is entry:
+                break
+            tokens_ahead += ahead.held.tokens_needed
         self._end(entry, "expired")
-        entry.held.expire()
+        entry.held.expire(tokens_ahead)
         # The request first in line may have been this one: the next may be ready.
         principal = entry.held.principal
         if self._queues.get(principal):

@@ -118,6 +118,18 @@ class TokenBucket:
             return 0
         return _ceil_div(deficit, self.rate)
 
+    def time_until_refilled_ms(self, n: int, now_ms: int) -> int:
+        """Milliseconds from ``now_ms`` until the ``n``-th token from now is refilled, if each
+        is taken as soon as it is there (others waiting ahead take theirs): unlike
+        :meth:`time_until_available_ms`, ``n`` may exceed the capacity. A rate of 0 answers
+        ``window_ms``, as there."""
+        if n <= 0:
+            return 0
+        if self.rate == 0:
+            return self.window_ms
+        deficit = n * self.window_ms - self.refill(now_ms).level
+        return _ceil_div(deficit, self.rate) if deficit > 0 else 0
+
     def with_rate(self, rate: int, window_ms: int, now_ms: int | None = None) -> TokenBucket:
         """The bucket under a new quota. Refills up to ``now_ms`` under the old rate first (if
         given), keeps the tokens it holds (rescaled if the window changed, rounding down), and
