@@ -213,6 +213,7 @@ def produce_request(
     acks: int = -1,
     partition: int = 0,
     topic_id: uuid.UUID | None = None,
+    timeout_ms: int = 10_000,
 ) -> ProduceRequest:
     T = ProduceRequest.TopicProduceData
     P = T.PartitionProduceData
@@ -225,7 +226,7 @@ def produce_request(
     kwargs: dict[str, Any] = {
         "version": version,
         "acks": acks,
-        "timeout_ms": 10_000,
+        "timeout_ms": timeout_ms,
         "topic_data": [T(**topic_kwargs)],
     }
     if version >= 3:
@@ -501,8 +502,15 @@ def init_producer_id_on(conn: KafkaSocket, correlation_id: int, version: int = 4
 
 
 def produce_frame(
-    topic: str, producer_id: int, correlation_id: int, version: int = 8, base_sequence: int = 0
+    topic: str,
+    producer_id: int,
+    correlation_id: int,
+    version: int = 8,
+    base_sequence: int = 0,
+    timeout_ms: int = 10_000,
 ) -> bytes:
-    """A framed acks=-1 Produce request with one idempotent batch of ``producer_id``."""
+    """A framed acks=-1 Produce request with one idempotent batch of ``producer_id``;
+    ``timeout_ms`` is what a client sends as its request.timeout.ms."""
     records = record_batch(producer_id, 0, base_sequence=base_sequence)
-    return encode_request(produce_request(version, topic, records), version, correlation_id)
+    request = produce_request(version, topic, records, timeout_ms=timeout_ms)
+    return encode_request(request, version, correlation_id)

@@ -63,16 +63,28 @@ def test_rate_zero_never_refills() -> None:
 def test_with_rate_clamps_and_rescales() -> None:
     bucket = TokenBucket.full(rate=10, window_ms=1000, now_ms=0)
     lower = bucket.with_rate(2, 1000)
-    assert lower.tokens(0) == 2.0
-    higher = lower.with_rate(20, 1000)
-    assert higher.tokens(0) == 2.0  # kept, not topped up
-    assert higher.tokens(50) == 3.0  # refills at the new rate: 20 per 1000 ms
-    rescaled = higher.with_rate(20, 3000)
-    assert rescaled.tokens(0) == 2.0
+    assert lower.tokens(0) == 2.0  # clamped to the new capacity
+    rescaled = lower.with_rate(2, 3000)
+    assert rescaled.tokens(0) == 2.0  # the same tokens in the longer window
+    assert rescaled.tokens(1500) == 2.0  # full: it refills no further
     half = TokenBucket.full(rate=10, window_ms=1000, now_ms=0).try_take(10, 0)
     assert half is not None
     settled = half.with_rate(1, 1000, now_ms=50)  # 0.5 tokens earned at the old rate
     assert settled.tokens(50) == 0.5
+
+
+def test_a_raise_grants_the_capacity_it_adds_and_spent_tokens_stay_spent() -> None:
+    """Issue "patience": a raised quota relieves waiting producers at once. What the principal
+    spent in the window stays spent; the rest of the new quota is there now."""
+    empty = TokenBucket.full(rate=2, window_ms=1000, now_ms=0).try_take(2, 0)
+    assert empty is not None and empty.tokens(0) == 0.0
+    raised = empty.with_rate(20, 1000, now_ms=0)
+    assert raised.tokens(0) == 18.0  # 20 allowed, 2 spent
+    assert raised.tokens(50) == 19.0  # and it refills at the new rate: 20 per 1000 ms
+    full = TokenBucket.full(rate=2, window_ms=1000, now_ms=0).with_rate(20, 1000)
+    assert full.tokens(0) == 20.0  # nothing spent: the whole new quota
+    in_debt = TokenBucket.full(rate=2, window_ms=1000, now_ms=0).debit(5, 0)  # fleet overshoot
+    assert in_debt.with_rate(4, 1000).tokens(0) == -1.0  # 5 spent of 4: still owes one
 
 
 def test_validation() -> None:
@@ -104,3 +116,15 @@ def test_throttle_time_is_exact(
         assert bucket.try_take(need, start + wait) is not None
         if wait:
             assert bucket.try_take(need, start + wait - 1) is None
+
+
+def test_time_until_refilled_counts_tokens_beyond_the_capacity() -> None:
+    """The n-th token from now, each taken as it comes: what a request waits behind others."""
+    empty = TokenBucket.full(rate=1, window_ms=10_000, now_ms=0).try_take(1, 0)
+    assert empty is not None
+    assert empty.time_until_refilled_ms(1, 0) == 10_000
+    assert empty.time_until_refilled_ms(3, 0) == 30_000  # beyond the capacity of 1
+    assert empty.time_until_refilled_ms(3, 4_000) == 26_000
+    assert empty.time_until_available_ms(3, 0) == 10_000  # the capped answer, for contrast
+    assert TokenBucket.full(rate=2, window_ms=1000, now_ms=0).time_until_refilled_ms(2, 0) == 0
+    assert TokenBucket.full(rate=0, window_ms=1000, now_ms=0).time_until_refilled_ms(1, 0) == 1000

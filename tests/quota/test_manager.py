@@ -121,9 +121,11 @@ def test_update_policy_applies_to_next_new_pid() -> None:
     m.admit(ALICE, [1], 0)
     assert m.admit(ALICE, [2], 0) == Rejected(W, (2,))
     m.update_policy(replace(m.policy, default_producer_ids_rate=10))
-    # Tokens kept (0) but the bucket now refills 10 per window: one token in 1000 ms.
-    assert m.admit(ALICE, [2], 0) == Rejected(1000, (2,))
-    assert m.admit(ALICE, [2], 1000) == Admitted((2,), 0)
+    # The raise grants the 9 tokens it adds at once (1 of 10 spent), then refills at 10 per
+    # window: one token every 1000 ms.
+    assert m.admit(ALICE, list(range(2, 11)), 0) == Admitted(tuple(range(2, 11)), 0)
+    assert m.admit(ALICE, [11], 0) == Rejected(1000, (11,))
+    assert m.admit(ALICE, [11], 1000) == Admitted((11,), 0)
     assert m.snapshot(1000)[0].producer_ids_rate == 10
 
 

@@ -168,12 +168,15 @@ def test_refill_uses_the_current_rate() -> None:
     m, rejected = throttled_manager()  # rate 5/min, empty bucket at T0 + 1000
     data = dump_state(m, T0 + 2000)
     faster, _ = load_state(data, policy(default_producer_ids_rate=50), T0 + 2000)
-    # The change grants no tokens: 1/6 of a token was held when saved, the other 5/6 come
-    # at the new rate (one per 1.2 s) instead of the old (one per 12 s).
+    # The raise grants the 45 tokens it adds (what was spent stays spent); 1/6 of a token was
+    # held when saved, the other 5/6 come at the new rate (one per 1.2 s), not the old (12 s).
     assert rejected.throttle_time_ms == 10_000
+    storm = list(range(100, 145))
+    assert faster.admit("User:alice", storm, T0 + 2000) == Admitted(tuple(storm), 0)
     assert faster.admit("User:alice", [6], T0 + 2000) == Rejected(1000, (6,))
     # The time the proxy was down counts at the current rate.
     later, _ = load_state(data, policy(default_producer_ids_rate=50), T0 + 2500)
+    assert later.admit("User:alice", storm, T0 + 2500) == Admitted(tuple(storm), 0)
     assert later.admit("User:alice", [6], T0 + 2500) == Rejected(500, (6,))
 
 

@@ -162,8 +162,39 @@ class RejectionSettings(_Frozen):
     max_throttle_time_ms: int = Field(
         3000,
         ge=0,
-        description="throttle_time_ms sent with a rejection is at most this, and the client "
-        "connection is not read (muted, KIP-219) for the same time",
+        description="throttle_time_ms sent with a rejection that was not held (holding off "
+        "or full) is at most this, and the client connection is not read (muted, KIP-219) "
+        "for the same time",
+    )
+    # Issue "patience": a Produce that needs tokens is held (its connection not read) until
+    # they are there, so a client spends one retry per hold instead of one per few seconds.
+    # Kafka clients time a request out after request.timeout.ms (30 s by default in Java,
+    # librdkafka, KafkaJS, kafka-python; 40 s in aiokafka) and send it as the Produce's
+    # timeout_ms: a hold never exceeds two thirds of that, nor this.
+    max_hold_ms: int = Field(
+        20_000,
+        ge=0,
+        description="longest time a throttled Produce is held (not forwarded, not answered, "
+        "its connection not read) waiting for its principal's tokens, and never past two "
+        "thirds of the request's own timeout_ms; 0 answers every throttled Produce at once",
+    )
+    max_hold_throttle_time_ms: int = Field(
+        120_000,
+        ge=0,
+        description="throttle_time_ms sent when a hold ends without tokens: the remaining "
+        "wait, at most this (the Java producer's default delivery.timeout.ms)",
+    )
+    max_held_requests: int = Field(
+        10_000,
+        ge=0,
+        description="Produce requests held at once per process; past it a throttled Produce "
+        "is answered at once (as with max_hold_ms 0)",
+    )
+    max_held_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="bytes of held Produce requests per process; past it a throttled Produce "
+        "is answered at once",
     )
     max_mute_ms: int | None = Field(
         None,

@@ -110,6 +110,8 @@ class Gatekeeper:
         context: ProduceContext,
         producer_ids: Collection[int],
         summarize: Callable[[], ProduceRequestSummary],
+        *,
+        report_rejection: bool = True,
     ) -> Decision | None:
         """The quota decision for a Produce carrying ``producer_ids`` (duplicates allowed);
         None when it carries none (never throttled). ``summarize`` builds the request's full
@@ -118,7 +120,10 @@ class Gatekeeper:
 
         Should the quota manager raise, the failure policy decides instead: None (forward, fail
         open) or a ``Rejected`` of ``failure_throttle_ms`` (fail closed). Either way the error
-        goes to ``on_quota_error`` and observers are not told (no quota decision was made)."""
+        goes to ``on_quota_error`` and observers are not told (no quota decision was made).
+
+        ``report_rejection=False``: a held request asked again (waiting_room.py); its wait was
+        reported when it was first rejected, so a rejection again is not news."""
         if not producer_ids:
             return None
         self.decided_at_ms = now_ms = time.time_ns() // 1_000_000  # quota_clock_ms(), inline
@@ -128,12 +133,15 @@ class Gatekeeper:
             return self._quota_failed(error, frozenset(producer_ids))
         if not self._observers:
             return decision
-        if (
-            isinstance(decision, Rejected)
-            or decision.new_producer_ids
-            or decision.refreshed_count
-            or decision.grandfathered_producer_ids
-        ):
+        if isinstance(decision, Rejected):
+            told = report_rejection
+        else:
+            told = bool(
+                decision.new_producer_ids
+                or decision.refreshed_count
+                or decision.grandfathered_producer_ids
+            )
+        if told:
             request = summarize()
             for observer in self._observers:
                 try:

@@ -3,9 +3,11 @@
 Owns the per-connection request/response pipeline:
 - frames cut by ``protocol.framing``; most forwarded untouched (every complete frame of one
   read in a single ``writelines``: send calls decide small-frame speed);
-- Produce requests walked and put through the ``Gatekeeper``; a rejected one is answered
-  locally and the client is muted for the (capped) throttle time, as brokers do since KIP-219,
-  and later in-flight batches of the same producer and partition are rejected with it
+- Produce requests walked and put through the ``Gatekeeper``; a rejected one is held (its
+  connection not read) until its principal has the tokens or the quota changes, then forwarded
+  (``waiting_room``); a hold that runs out, or one there is no room for, is answered locally
+  with the throttle time (muted for it when not held, as brokers do since KIP-219), and later
+  in-flight batches of the same producer and partition are rejected with it
   (``ordering.ProduceOrderGuard``);
 - responses go back in request order: a locally made response waits behind the responses the
   broker still owes for earlier requests;
@@ -76,6 +78,7 @@ from pidgate.proxy.flow_control import (
 from pidgate.proxy.identity import UnmappablePrincipalError
 from pidgate.proxy.ordering import ProduceOrderGuard
 from pidgate.proxy.quota_admin import CLIENT_QUOTA_APIS, CLIENT_QUOTA_VERSIONS
+from pidgate.proxy.waiting_room import Recheck
 
 PRODUCE = 0
 API_VERSIONS = 18
@@ -173,6 +176,63 @@ class _LazySummary:
         return self._summary
 
 
+#: Holds shorter than this are not worth a timer: the request is answered at once instead.
+_MIN_HOLD_MS = 50
+
+
+class _HeldProduce:
+    """A Produce held by its connection until its principal has the tokens (waiting_room)."""
+
+    __slots__ = (
+        "api_version",
+        "connection",
+        "context",
+        "correlation_id",
+        "principal",
+        "produce",
+        "producer_ids",
+        "request",
+        "size_bytes",
+        "slot",
+        "wait_until_ms",
+    )
+
+    def __init__(
+        self,
+        connection: ClientConnection,
+        request: Frame,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        context: ProduceContext,
+        producer_ids: tuple[int, ...],
+        wait_ms: int,
+    ) -> None:
+        self.connection = connection
+        self.request = request
+        self.size_bytes = len(request)
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.produce = produce
+        self.context = context
+        self.principal = context.principal
+        self.producer_ids = producer_ids
+        #: Its place in the connection's response order (answered when it ends).
+        self.slot = _Slot(PRODUCE, api_version, correlation_id)
+        #: When the tokens may be there, as last computed (monotonic ms).
+        self.wait_until_ms = monotonic_ms() + wait_ms
+
+    def recheck(self) -> Recheck:
+        return self.connection._recheck_held(self)
+
+    @property
+    def tokens_needed(self) -> int:
+        return len(self.producer_ids)
+
+    def expire(self, tokens_ahead: int) -> None:
+        self.connection._expire_held(self, tokens_ahead)
+
+
 class ClientConnection(asyncio.BufferedProtocol):
     """The client side; owns the upstream connection it opens."""
 
@@ -220,6 +280,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._order_guard = ProduceOrderGuard()
         #: When the throttle of this connection's latest rejection ends (monotonic ms).
         self._throttled_until_ms = 0
+        #: The Produce held for tokens; nothing after it is read or forwarded until it ends.
+        self._held: _HeldProduce | None = None
 
     # -- asyncio.Protocol (client side) ------------------------------------------------------
 
@@ -368,8 +430,12 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def begin_shutdown(self) -> None:
         """Stop reading: requests already read are still forwarded and answered; anything the
-        client sends after this is never forwarded, so its retry elsewhere cannot duplicate."""
+        client sends after this is never forwarded, so its retry elsewhere cannot duplicate.
+        A held Produce is answered (rejected) now: its client retries elsewhere."""
         self._gate.pause("shutdown")
+        held = self._held
+        if held is not None and self._context.waiting_room is not None:
+            self._context.waiting_room.expire_now(held)
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -393,6 +459,10 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._hang_up_probe = None
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
+        if self._held is not None and self._context.waiting_room is not None:
+            # Never forwarded now: its client is gone (and will retry elsewhere, if at all).
+            self._context.waiting_room.drop(self._held)
+            self._held = None
         if self._upstream is not None:
             self._upstream.close()
         self._inbox.clear()
@@ -620,7 +690,13 @@ class ClientConnection(asyncio.BufferedProtocol):
         max_in_flight = self._settings.proxy.max_in_flight_requests
         slots = self._slots
         held = self._gate.held
-        while self._inbox and len(slots) < max_in_flight and "mute" not in held and not self.closed:
+        while (
+            self._inbox
+            and len(slots) < max_in_flight
+            and "mute" not in held
+            and self._held is None
+            and not self.closed
+        ):
             request = self._inbox.popleft()
             try:
                 outgoing = self._handle_request(request)
@@ -756,11 +832,14 @@ class ClientConnection(asyncio.BufferedProtocol):
             if guard.withheld and guard.overtakes(summary()):
                 # An idempotent batch behind one rejected here: a broker would fail it too
                 # (OUT_OF_ORDER_SEQUENCE), and the client retries both in order.
-                self._hold(api_version, correlation_id, summary(), context)
+                self._reject_behind(api_version, correlation_id, summary(), context)
                 return None
             decision = self._context.gatekeeper.check_producer_ids(context, producer_ids, summary)
             if isinstance(decision, Rejected):
-                self._reject(api_version, correlation_id, summary(), decision, context)
+                if not self._try_hold(
+                    request, api_version, correlation_id, summary(), context, decision
+                ):
+                    self._reject(api_version, correlation_id, summary(), decision, context)
                 return None
             if guard.withheld:
                 guard.admitted(summary())
@@ -857,7 +936,118 @@ class ClientConnection(asyncio.BufferedProtocol):
         if throttle_time_ms > 0:
             self._mute(throttle_time_ms)
 
-    def _hold(
+    # -- holding for tokens (waiting_room.py) ------------------------------------------------
+
+    def _try_hold(
+        self,
+        request: Frame,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        context: ProduceContext,
+        decision: Rejected,
+    ) -> bool:
+        """Hold a rejected Produce for its tokens; False when it cannot be held (holding off,
+        acks=0, a request timeout too short, or the waiting room full)."""
+        room = self._context.waiting_room
+        hold_ms = min(self._settings.rejection.max_hold_ms, produce.timeout_ms * 2 // 3)
+        if room is None or produce.acks == 0 or hold_ms < _MIN_HOLD_MS:
+            return False
+        held = _HeldProduce(
+            self,
+            request,
+            api_version,
+            correlation_id,
+            produce,
+            context,
+            tuple(decision.unknown_producer_ids),
+            decision.throttle_time_ms,
+        )
+        if not room.hold(held, hold_ms, decision.throttle_time_ms):
+            return False
+        self._held = held
+        self._slots.append(held.slot)
+        self._gate.pause("hold")
+        self._context.log.warning(
+            "pid_throttled",
+            key=context.principal,
+            principal=context.principal,
+            client_id=context.client_id,
+            client_software=context.client_software_name,
+            peer=context.peer,
+            producer_ids=list(decision.unknown_producer_ids[:10]),
+            tokens_available_in_ms=decision.throttle_time_ms,
+            held_for_at_most_ms=hold_ms,
+        )
+        return True
+
+    def _recheck_held(self, held: _HeldProduce) -> Recheck:
+        """Ask the quota again for ``held``: forward it when admitted, else the wait left."""
+        if self.closed or self._held is not held or self._upstream is None:
+            return "gone"
+        decision = self._context.gatekeeper.check_producer_ids(
+            held.context, held.producer_ids, lambda: held.produce, report_rejection=False
+        )
+        if isinstance(decision, Rejected):
+            held.wait_until_ms = monotonic_ms() + decision.throttle_time_ms
+            return decision.throttle_time_ms
+        self._held = None
+        if self._order_guard.withheld:
+            self._order_guard.admitted(held.produce)
+        slot = held.slot
+        slot.sent_ns = time.perf_counter_ns()
+        self._awaiting_upstream.append(slot)
+        self._upstream.write_frames([held.request])
+        self._gate.resume("hold")
+        self._process_inbox()
+        return "released"
+
+    def _expire_held(self, held: _HeldProduce, tokens_ahead: int) -> None:
+        """The hold ran out without tokens: answer with the honest remaining wait -- until
+        the bucket has refilled the tokens of the requests held ahead of it and its own --
+        capped by ``rejection.max_hold_throttle_time_ms``, and read on. No mute: the client's
+        retry is held again, which is what paces a client that ignores throttle_time_ms
+        (librdkafka), while one that honours it (Java, KafkaJS; KIP-219) waits out the whole
+        wait on one retry."""
+        if self._held is not held:
+            return
+        self._held = None
+        if self.closed:
+            return
+        settings = self._settings.rejection
+        context = held.context
+        error_code = rejection_error_code(
+            context.client_software_name, settings.error_codes, context.client_id
+        )
+        now_ms = monotonic_ms()
+        wait_ms = max(held.wait_until_ms - now_ms, 0)
+        if tokens_ahead:
+            wait_ms = self._context.gatekeeper.quota.time_until_refilled_ms(
+                held.principal, tokens_ahead + held.tokens_needed, quota_clock_ms()
+            )
+        throttle_time_ms = min(wait_ms, settings.max_hold_throttle_time_ms)
+        self._context.log.info(
+            "produce_hold_expired",
+            key=context.principal,
+            principal=context.principal,
+            client_id=context.client_id,
+            peer=context.peer,
+            producer_ids=list(held.producer_ids[:10]),
+            throttle_time_ms=throttle_time_ms,
+            error_code=error_code,
+        )
+        self._order_guard.rejected(held.produce, now_ms)
+        self._throttled_until_ms = now_ms + throttle_time_ms
+        held.slot.response = encode_produce_rejection(
+            held.api_version, held.correlation_id, held.produce, error_code, throttle_time_ms
+        )
+        self._gate.resume("hold")
+        self._flush_responses()
+        self._process_inbox()
+
+    # -- answering rejections ------------------------------------------------------------------
+
+    def _reject_behind(
         self,
         api_version: int,
         correlation_id: int,

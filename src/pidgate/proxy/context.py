@@ -20,6 +20,7 @@ from pidgate.proxy.logs import RateLimitedLog
 from pidgate.proxy.notices import OperatorNotices
 from pidgate.proxy.quota_admin import QuotaAdmin
 from pidgate.proxy.routing import Router
+from pidgate.proxy.waiting_room import WaitingRoom
 
 if TYPE_CHECKING:
     from pidgate.proxy.connection import ClientConnection
@@ -63,6 +64,8 @@ class ProxyContext:
     upstream_ssl: ssl.SSLContext | None = None
     #: The PID event log, when configured.
     event_log: EventLog | None = None
+    #: Produce requests held for their principal's tokens; None: never hold.
+    waiting_room: WaitingRoom | None = None
     #: Misconfigurations said once (SASL through a pidgate with identity.sasl off, ...).
     notices: OperatorNotices = field(default_factory=OperatorNotices)
     connections: set[ClientConnection] = field(default_factory=set)

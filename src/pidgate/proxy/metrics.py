@@ -36,6 +36,7 @@ from prometheus_client.metrics_core import (
 from pidgate import __version__
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import ProduceContext
+from pidgate.proxy.waiting_room import WaitingRoom
 from pidgate.quota.manager import Admitted, Decision, PrincipalState, QuotaManager
 from pidgate.quota.policy import user_name
 
@@ -251,6 +252,8 @@ class ProxyMetrics:
         self._config_reloads = {"success": 0, "failure": 0}
         self._observer_errors = 0
         self._produce_held = 0
+        #: Produce requests held for tokens (the server sets it when holding is on).
+        self.waiting_room: WaitingRoom | None = None
         self._quota_failures = 0
         #: The event log's counters (``EventLog.stats``), when there is an event log.
         self.event_log_stats: Callable[[], Any] | None = None
@@ -881,11 +884,46 @@ class ProxyMetrics:
             "retries them in order behind it)",
             value=self._produce_held,
         )
+        yield from _hold_families_of(self.waiting_room)
         yield CounterMetricFamily(
             "pidgate_observer_errors",
             "Exceptions raised by decision observers (metrics, event log); requests unaffected",
             value=self._observer_errors,
         )
+
+
+def _hold_families_of(room: WaitingRoom | None) -> Iterator[Metric]:
+    """What holding costs and does (issue "patience"): memory held now, and how holds end."""
+    held = GaugeMetricFamily(
+        "pidgate_produce_held_requests",
+        "Produce requests held now for their principal's tokens (their connections not read)",
+        value=room.held_requests if room else 0,
+    )
+    held_bytes = GaugeMetricFamily(
+        "pidgate_produce_held_bytes",
+        "Bytes of the Produce requests held now (bounded by rejection.max_held_bytes)",
+        value=room.held_bytes if room else 0,
+    )
+    outcomes = CounterMetricFamily(
+        "pidgate_produce_holds",
+        "Holds ended, by outcome: released (tokens came or the quota changed: forwarded), "
+        "expired (answered as throttled with the remaining wait), dropped (client gone)",
+        labels=["outcome"],
+    )
+    for outcome, n in (room.stats.outcomes if room else {}).items():
+        outcomes.add_metric([outcome], n)
+    seconds = CounterMetricFamily(
+        "pidgate_produce_hold_seconds",
+        "Seconds Produce requests spent held, summed over ended holds",
+        value=room.stats.held_seconds if room else 0.0,
+    )
+    refused = CounterMetricFamily(
+        "pidgate_produce_holds_refused",
+        "Throttled Produce requests answered at once because the waiting room was full "
+        "(rejection.max_held_requests / max_held_bytes)",
+        value=room.stats.refused if room else 0,
+    )
+    return iter((held, held_bytes, outcomes, seconds, refused))
 
 
 def _user_key(principal: str) -> str:

@@ -57,6 +57,9 @@ class QuotaControl:
             self.manager.update_policy(self.policy(), now_ms())
         self.listeners: list[OverrideListener] = []
         self.on_enforcement_began: EnforcementListener | None = None
+        #: Called after any policy change (raised, lowered, removed, reloaded): held requests
+        #: are asked again at once, so a raised quota relieves them (waiting_room.py).
+        self.on_policy_changed: list[Callable[[], None]] = []
         self.changes_applied = 0
 
     @property
@@ -84,6 +87,8 @@ class QuotaControl:
         began = self.manager.update_policy(self.policy(), self._now_ms())
         if began is not None and self.on_enforcement_began is not None:
             self.on_enforcement_began(began)
+        for listener in self.on_policy_changed:
+            listener()
 
     def policy(self) -> QuotaPolicy:
         quota = self._settings.quota

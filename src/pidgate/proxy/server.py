@@ -11,6 +11,7 @@ import contextlib
 import functools
 import secrets
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from pidgate.proxy.routing import Address, BrokerRoute, Router
 from pidgate.proxy.shared_store import QuotaOverride, SharedQuotaStore
 from pidgate.proxy.stepping import LOOP_STEP_PRINCIPALS, run_in_steps
 from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
+from pidgate.proxy.waiting_room import WaitingRoom
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import Admitted, Decision
 
@@ -154,6 +156,7 @@ class ProxyServer:
             traffic=self.metrics,
             event_log=self.event_log,
             quota_admin=QuotaAdmin(self.quota_control.effective_rates, self._apply_quota_changes),
+            waiting_room=self._open_waiting_room(settings),
         )
         self.connection_limits = ConnectionLimits()
         #: Quota failures not yet logged (one line per logging interval says how many).
@@ -415,6 +418,16 @@ class ProxyServer:
             upstream_tls=self.settings.upstream_tls.enabled,
         )
 
+    def _open_waiting_room(self, settings: Settings) -> WaitingRoom | None:
+        rejection = settings.rejection
+        if rejection.max_hold_ms <= 0:
+            return None
+        room = WaitingRoom(rejection.max_held_requests, rejection.max_held_bytes, time.monotonic)
+        # A raised (or removed) quota relieves held requests at once, not at the next refill.
+        self.quota_control.on_policy_changed.append(room.wake_soon_all)
+        self.metrics.waiting_room = room
+        return room
+
     async def stop(self) -> None:
         """Stop accepting and reading, let requests already read finish within the grace
         period, then close. Requests a client sends after this are never forwarded, so its
@@ -425,6 +438,8 @@ class ProxyServer:
             server.close()
         for conn in list(self.context.connections):
             conn.begin_shutdown()
+        if self.context.waiting_room is not None:
+            self.context.waiting_room.close()
         deadline = monotonic_ms() + self.settings.proxy.shutdown_grace_ms
         while monotonic_ms() < deadline and any(not conn.idle for conn in self.context.connections):
             await asyncio.sleep(0.05)

@@ -118,11 +118,28 @@ class TokenBucket:
             return 0
         return _ceil_div(deficit, self.rate)
 
+    def time_until_refilled_ms(self, n: int, now_ms: int) -> int:
+        """Milliseconds from ``now_ms`` until the ``n``-th token from now is refilled, if each
+        is taken as soon as it is there (others waiting ahead take theirs): unlike
+        :meth:`time_until_available_ms`, ``n`` may exceed the capacity. A rate of 0 answers
+        ``window_ms``, as there."""
+        if n <= 0:
+            return 0
+        if self.rate == 0:
+            return self.window_ms
+        deficit = n * self.window_ms - self.refill(now_ms).level
+        return _ceil_div(deficit, self.rate) if deficit > 0 else 0
+
     def with_rate(self, rate: int, window_ms: int, now_ms: int | None = None) -> TokenBucket:
         """The bucket under a new quota. Refills up to ``now_ms`` under the old rate first (if
-        given), keeps the tokens it holds (rescaled if the window changed, rounding down so a
-        change never grants tokens), and clamps them to the new capacity."""
+        given), keeps the tokens it holds (rescaled if the window changed, rounding down), and
+        clamps them to the new capacity. A raised rate also grants the capacity it adds: what
+        the principal spent in the window stays spent, and the rest of the new quota is
+        available at once, as a Kafka broker's rate quotas relieve at once (issue "patience":
+        producers waiting for tokens are released the moment an operator raises the quota)."""
         current = self if now_ms is None else self.refill(now_ms)
         level = current.level * window_ms // current.window_ms
+        if rate > current.rate:
+            level += (rate - current.rate) * window_ms
         level = max(min(level, rate * window_ms), -10 * rate * window_ms)
         return replace(current, rate=rate, window_ms=window_ms, level=level)

@@ -292,6 +292,13 @@ class QuotaManager:
                 if (state := principals.get(name)) is not None
             ]
 
+    def time_until_refilled_ms(self, principal: str, n: int, now_ms: int) -> int:
+        """Milliseconds until ``principal``'s bucket has refilled ``n`` more tokens than it
+        holds, each taken as it comes (the wait of a request with ``n - 1`` tokens' worth of
+        requests ahead of it); 0 when it is not tracked (unlimited)."""
+        state = self._principals.get(principal)
+        return 0 if state is None else state.bucket.time_until_refilled_ms(n, now_ms)
+
     def tokens(self, principal: str, now_ms: int) -> float | None:
         """Tokens in ``principal``'s bucket at ``now_ms`` (None when it is not tracked): cheap,
         for per-event use (the event log), unlike ``snapshot``."""
