@@ -2,7 +2,7 @@
 broker, straight to it and through pidgate.
 
     python benchmarks/protection.py [--pids 20000] [--rate 50] [--window-seconds 60]
-                                    [--partitions 1] [--concurrency 16] [--versions 3,4]
+                                    [--partitions 1] [--concurrency 64] [--versions 3,4]
                                     [--paths direct,pidgate] [--kafka3 DIR] [--kafka4 DIR]
 
 Run it from the repository root. ``--kafka3`` / ``--kafka4`` name Kafka distribution folders
@@ -25,8 +25,8 @@ fresh broker is started (``tests/realkafka/kafka.py``'s ``start_single``, all on
 6. the storm: ``--pids`` storm producers, ``--concurrency`` at a time, each on a connection of
    its own (a restarting client): one InitProducerId with a null transactional id (retriable
    errors retried, bounded), then one Produce (acks=-1) of one small record batch with that PID
-   (epoch, sequence 0) to partition ``i % partitions``. A storm producer that is rejected gives
-   up: it is counted ``rejected`` (pidgate answers 19 NOT_ENOUGH_REPLICAS to a client it cannot
+   (epoch, sequence 0, ``timeout_ms`` 1500) to partition ``i % partitions``. Through pidgate a
+   throttled one is held ~1 s (two thirds of its timeout), then rejected; it gives up: it is counted ``rejected`` (pidgate answers 19 NOT_ENOUGH_REPLICAS to a client it cannot
    name); a Produce answered 0 is ``admitted``;
 7. on the broker: producer-state entries per partition (DescribeProducers, KIP-664) summed, and
    the live heap again: its total delta over the baseline, and the delta of the classes that make
@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.admin import DescribeProducersRequest, DescribeProducersResponse
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
@@ -97,6 +97,11 @@ RETRIABLE_INIT = frozenset({14, 15, 16, 7})
 #: pidgate's answers to a throttled Produce (DESIGN.md "Rejection that every client survives"):
 #: 19 NOT_ENOUGH_REPLICAS for a client it cannot name (these raw sockets), 89 for kafka-python.
 REJECTION_CODES = frozenset({19, 89})
+#: The storm's request.timeout.ms (sent as the Produce's timeout_ms): the 3.1 console producer's.
+#: pidgate holds a throttled Produce for two thirds of it (issue "patience"), then rejects it, and
+#: the storm producer gives up, as a crash-looping client does; with Java's 30 s each throttled
+#: storm producer would be held 20 s and the storm would take hours at this concurrency.
+STORM_REQUEST_TIMEOUT_MS = 1500
 #: The classes a producer-state entry is made of, per broker code base: the entry, its queue of
 #: BatchMetadata (with the queue's backing array), and the producers map's node and Long key
 #: (3.1: kafka.log.ProducerStateManager, Scala; 4.x: the storage module, Java). Generic classes
@@ -165,7 +170,7 @@ def produce_frame(topic: str, partition: int, producer_id: int, epoch: int) -> b
         version=PRODUCE_VERSION,
         transactional_id=None,
         acks=-1,
-        timeout_ms=30_000,
+        timeout_ms=STORM_REQUEST_TIMEOUT_MS,
         topic_data=[
             T(name=topic, partition_data=[P(index=partition, records=bytes(builder.buffer()))])
         ],
@@ -557,10 +562,26 @@ class RunResult:
 
 def create_topic(bootstrap: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    future = admin.create_topics(
-        [NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)]
-    )[TOPIC]
-    future.result(timeout=60)
+    # A broker that has just opened its port may not have a controller yet (ZooKeeper mode):
+    # ask again until it answers, TOPIC_ALREADY_EXISTS included.
+    deadline = time.monotonic() + 180
+    while True:
+        future = admin.create_topics(
+            [NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)],
+            request_timeout=30,
+        )[TOPIC]
+        try:
+            future.result(timeout=40)
+            break
+        except KafkaException as error:
+            if error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                break
+            if time.monotonic() > deadline:
+                raise
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(1)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         topic = admin.list_topics(topic=TOPIC, timeout=10).topics.get(TOPIC)
@@ -750,7 +771,7 @@ def main() -> int:
     )
     parser.add_argument("--window-seconds", type=int, default=60, help="pidgate quota window")
     parser.add_argument("--partitions", type=int, default=1, help="partitions of the storm topic")
-    parser.add_argument("--concurrency", type=int, default=16, help="storm producers at a time")
+    parser.add_argument("--concurrency", type=int, default=64, help="storm producers at a time")
     parser.add_argument(
         "--steady-interval-ms", type=float, default=20.0, help="the steady producer's pace"
     )

@@ -31,7 +31,7 @@ import functools
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import cast
 
 from pidgate.protocol.api_versions import (
@@ -194,6 +194,7 @@ class _HeldProduce:
         "request",
         "size_bytes",
         "slot",
+        "unknown_producer_ids",
         "wait_until_ms",
     )
 
@@ -206,7 +207,7 @@ class _HeldProduce:
         produce: ProduceRequestSummary,
         context: ProduceContext,
         producer_ids: tuple[int, ...],
-        wait_ms: int,
+        decision: Rejected,
     ) -> None:
         self.connection = connection
         self.request = request
@@ -216,18 +217,20 @@ class _HeldProduce:
         self.produce = produce
         self.context = context
         self.principal = context.principal
+        #: Every PID of the request (asked again as a whole), and those the quota did not know.
         self.producer_ids = producer_ids
+        self.unknown_producer_ids = decision.unknown_producer_ids
         #: Its place in the connection's response order (answered when it ends).
         self.slot = _Slot(PRODUCE, api_version, correlation_id)
         #: When the tokens may be there, as last computed (monotonic ms).
-        self.wait_until_ms = monotonic_ms() + wait_ms
+        self.wait_until_ms = monotonic_ms() + decision.throttle_time_ms
 
     def recheck(self) -> Recheck:
         return self.connection._recheck_held(self)
 
     @property
     def tokens_needed(self) -> int:
-        return len(self.producer_ids)
+        return len(self.unknown_producer_ids)
 
     def expire(self, tokens_ahead: int) -> None:
         self.connection._expire_held(self, tokens_ahead)
@@ -837,7 +840,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             decision = self._context.gatekeeper.check_producer_ids(context, producer_ids, summary)
             if isinstance(decision, Rejected):
                 if not self._try_hold(
-                    request, api_version, correlation_id, summary(), context, decision
+                    request, api_version, correlation_id, summary(), context, decision, producer_ids
                 ):
                     self._reject(api_version, correlation_id, summary(), decision, context)
                 return None
@@ -946,6 +949,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         produce: ProduceRequestSummary,
         context: ProduceContext,
         decision: Rejected,
+        producer_ids: Collection[int],
     ) -> bool:
         """Hold a rejected Produce for its tokens; False when it cannot be held (holding off,
         acks=0, a request timeout too short, or the waiting room full)."""
@@ -960,8 +964,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             correlation_id,
             produce,
             context,
-            tuple(decision.unknown_producer_ids),
-            decision.throttle_time_ms,
+            tuple(producer_ids),
+            decision,
         )
         if not room.hold(held, hold_ms, decision.throttle_time_ms):
             return False
@@ -1032,7 +1036,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             principal=context.principal,
             client_id=context.client_id,
             peer=context.peer,
-            producer_ids=list(held.producer_ids[:10]),
+            producer_ids=list(held.unknown_producer_ids[:10]),
             throttle_time_ms=throttle_time_ms,
             error_code=error_code,
         )
