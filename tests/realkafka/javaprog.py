@@ -8,16 +8,20 @@ alone makes log4j2 print a configuration error on stdout), and any ``-D`` proper
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from tests.realkafka.java import compile_java, java_command
 
 
-def java_program(home: Path, source: str, *args: str, **system_properties: str) -> list[str]:
-    """The command line running ``java/<source>`` (compiled against ``home/libs``)."""
+def java_program(
+    home: Path, source: str, *args: str, properties: Mapping[str, str] | None = None
+) -> list[str]:
+    """The command line running ``java/<source>`` (compiled against ``home/libs``), with
+    ``properties`` as ``-D`` system properties."""
     main_class = Path(source).stem
     command = java_command(home, compile_java(home, source), main_class, *args)
-    extra = [f"-D{key}={value}" for key, value in system_properties.items()]
+    extra = [f"-D{key}={value}" for key, value in (properties or {}).items()]
     log4j2 = home / "config" / "tools-log4j2.yaml"
     if log4j2.exists():
         extra.append(f"-Dlog4j2.configurationFile={log4j2}")
@@ -25,11 +29,15 @@ def java_program(home: Path, source: str, *args: str, **system_properties: str) 
 
 
 def run_java(
-    home: Path, source: str, *args: str, timeout_s: float = 120.0, **system_properties: str
+    home: Path,
+    source: str,
+    *args: str,
+    properties: Mapping[str, str] | None = None,
+    timeout_s: float = 120.0,
 ) -> subprocess.CompletedProcess[str]:
     """Run a Java test program to its end; its output (never raises on a non-zero exit)."""
     return subprocess.run(
-        java_program(home, source, *args, **system_properties),
+        java_program(home, source, *args, properties=properties),
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -4,6 +4,10 @@
 //   alter:<user>:<key>=<value>[,<key>=<value>...]   (<user> "<default>" = the default user;
 //                                                    value "-" removes the key)
 //   describe:<user>                                  (exact match on that user entity)
+//   await:<user>:<key>[,<key>...]                    describe until every key shows (30 s at
+//                                                    most): a KRaft broker answers describe
+//                                                    from its metadata image, which can trail
+//                                                    the controller's commit of an alter
 // Prints per op "ALTERED <user>" or "DESCRIBED <user> <key>=<value>,..." (keys sorted; nothing
 // after the user when the entity has no quota), or "FAILED <op> <exception class>: <message>".
 // Extra client properties come from the system property admin.config (a properties file).
@@ -51,12 +55,20 @@ public class QuotaAdmin {
                             .all().get();
                         System.out.println("ALTERED " + user);
                     } else {
+                        List<String> awaited = parts[0].equals("await")
+                            ? List.of(parts[2].split(",")) : List.of();
+                        long deadline = System.nanoTime() + 30_000_000_000L;
                         ClientQuotaFilterComponent component = name == null
                             ? ClientQuotaFilterComponent.ofDefaultEntity(ClientQuotaEntity.USER)
                             : ClientQuotaFilterComponent.ofEntity(ClientQuotaEntity.USER, name);
-                        Map<ClientQuotaEntity, Map<String, Double>> quotas = admin
-                            .describeClientQuotas(ClientQuotaFilter.containsOnly(List.of(component)))
-                            .entities().get();
+                        ClientQuotaFilter filter = ClientQuotaFilter.containsOnly(List.of(component));
+                        Map<ClientQuotaEntity, Map<String, Double>> quotas =
+                            admin.describeClientQuotas(filter).entities().get();
+                        while (!quotas.getOrDefault(entity, Map.of()).keySet().containsAll(awaited)
+                                && System.nanoTime() < deadline) {
+                            Thread.sleep(100);
+                            quotas = admin.describeClientQuotas(filter).entities().get();
+                        }
                         StringBuilder line = new StringBuilder("DESCRIBED " + user + " ");
                         String sep = "";
                         Map<String, Double> values = quotas.getOrDefault(entity, Map.of());

@@ -15,7 +15,7 @@ public class TelemetryClient {
         Properties props = new Properties();
         props.put("bootstrap.servers", args[0]);
         props.put("enable.metrics.push", "true");
-        props.put("client.id", "pidgate-telemetry-client");
+        props.put("client.id", "kip714-client");
         props.put("key.serializer", StringSerializer.class.getName());
         props.put("value.serializer", StringSerializer.class.getName());
         long linger = Long.parseLong(args[2]);
