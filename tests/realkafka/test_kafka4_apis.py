@@ -145,7 +145,7 @@ def test_kip848_consumer_group_shares_a_topic_through_pidgate(
         first, second = (member.assignment or set() for member in members)
         return bool(first) and bool(second) and not first & second
 
-    wait_for(split, 90, "both members to hold partitions")
+    wait_for(split, 120, "both members to hold partitions")
     first, second = (member.assignment or set() for member in members)
     assert first | second == set(range(PARTITIONS))
 
