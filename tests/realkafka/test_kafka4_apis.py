@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -65,11 +66,13 @@ class Member:
     """One ``Kip848Consumer`` process; its stdout lines collected by a thread of its own."""
 
     def __init__(self, command: list[str]) -> None:
+        # stderr to a file: an undrained pipe could fill and stall the JVM.
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by close())
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self._stderr,
             text=True,
         )
         self.lines: list[str] = []
@@ -108,13 +111,17 @@ class Member:
         finally:
             self.kill()
         self._reader.join(10)
-        assert self.process.stderr is not None
-        return code, self.process.stderr.read()
+        self._stderr.seek(0)
+        return code, self._stderr.read()
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        self._stderr.close()
 
 
 @pytest.fixture
@@ -122,7 +129,7 @@ def members() -> Iterator[list[Member]]:
     started: list[Member] = []
     yield started
     for member in started:
-        member.kill()
+        member.close()
 
 
 def test_kip848_consumer_group_shares_a_topic_through_pidgate(
