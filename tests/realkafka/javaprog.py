@@ -1,8 +1,7 @@
-"""Running the tier's Java test programs (``java/*.java``) and reading their output.
+"""Running the tier's Java test programs (``java/*.java``) with system properties.
 
-Owns ``run_java``/``java_program``: ``java.py``'s command plus the log configuration each Kafka
-release reads (log4j 1 properties up to 3.x, log4j2 YAML from 4.0, where the log4j 1 property
-alone makes log4j2 print a configuration error on stdout), and any ``-D`` properties.
+Owns ``run_java``/``java_program``: ``java.py``'s command (compiled once per distribution) plus
+``-D`` properties for the program.
 """
 
 from __future__ import annotations
@@ -22,9 +21,6 @@ def java_program(
     main_class = Path(source).stem
     command = java_command(home, compile_java(home, source), main_class, *args)
     extra = [f"-D{key}={value}" for key, value in (properties or {}).items()]
-    log4j2 = home / "config" / "tools-log4j2.yaml"
-    if log4j2.exists():
-        extra.append(f"-Dlog4j2.configurationFile={log4j2}")
     return [command[0], *extra, *command[1:]]
 
 

@@ -118,11 +118,6 @@ def test_quota_admin_through_pidgate(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # pidgate reaches the SASL listener itself for the PID frontier probe that begins every
-    # user's enforcement at its start (users.<default> limits alice too) with
-    # shared_store.security; without it, or when the probe times out (5 s by default: a fresh
-    # 3.1 broker on a loaded machine took longer), alice's unknown PIDs pass free in learning
-    # mode for the grace period.
     # A broker fresh from its start hands out no PID until it has its first PID block (4.1
     # answers COORDINATOR_LOAD_IN_PROGRESS, a fresh 3.1 stalls): get one straight from it first,
     # so the probe at pidgate's start finds the frontier. Cold starts are another test's topic.
@@ -131,13 +126,14 @@ def test_quota_admin_through_pidgate(
         warm.send(f"quota-admin-warm-{uuid.uuid4().hex[:8]}", b"warm").get(timeout=60)
     finally:
         warm.close(timeout=5)
+    # pidgate reaches the SASL listener itself for the PID frontier probe that begins every
+    # user's enforcement at its start (users.<default> limits alice too) with
+    # shared_store.security; without it alice's unknown PIDs would pass free in learning mode
+    # for the grace period.
     gate = start_gate(
         any_kafka,
         sasl=True,
-        quota={
-            "users": {"<default>": {"producer_ids_rate": 100}},
-            "grandfather_probe_timeout_ms": 30_000,
-        },
+        quota={"users": {"<default>": {"producer_ids_rate": 100}}},
         shared_store={"security": ADMIN_SECURITY},
     )
     config = admin_properties(tmp_path)
@@ -238,9 +234,9 @@ def test_quota_admin_through_pidgate(
             time.sleep(0.1)
         assert throttled_ids(gate, "alice") == 1
         assert not held.is_done
-        # ... until `pidgate quotas set` raises it: the held producer's record then goes through
-        # at its next retry (within rejection.max_throttle_time_ms). A raise keeps the bucket's
-        # level (empty) and refills it at the new rate: 10,000 per hour is a token per 0.36 s.
+        # ... until `pidgate quotas set` raises it: the held producer's record then goes through.
+        # A raise keeps the bucket's level (empty) and refills it at the new rate: 10,000 per
+        # hour is a token per 0.36 s.
         code, out, err = pidgate_quotas(
             capsys, "set", *command, "--user", "alice", "--producer-ids-rate", "10000"
         )
