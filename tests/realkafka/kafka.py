@@ -447,7 +447,12 @@ def _cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Uuid.randomUuid)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Never one starting with "-": kafka-storage would read it as an option (Kafka's own
+    # Uuid.randomUuid avoids those too).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def start_cluster(home: Path, brokers: int = 3) -> KafkaRun:
