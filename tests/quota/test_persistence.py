@@ -208,11 +208,13 @@ def test_changed_false_positive_rate_keeps_the_saved_shape_and_known_pids() -> N
     assert restored.admit("User:alice", [6], T0 + 2000) == rejected
     (saved,) = m.export()[0].layers
     assert restored.snapshot(T0 + 2000)[0].bits == saved.shape.bit_count
-    # New writes go to a new layer in the new shape (k = 7 at p = 0.01), never the old one.
+    # New writes go to a new layer in the new shape (k = 10 at p = 0.01 with 6 layers a
+    # window, k = 14 at 0.001), never the old one.
     assert restored.admit("User:alice", [6], T0 + 12_000) == Admitted((6,), 0)
     old, new = restored.export()[0].layers
     assert old == saved
-    assert new.shape.hash_count == 7 and saved.shape.hash_count == 10
+    assert new.shape.hash_count == LayerPlan(W, 6, 0.01).hash_count == 10
+    assert saved.shape.hash_count == LayerPlan(W, 6, 0.001).hash_count == 14
 
 
 def test_changed_layer_size_keeps_layers_as_they_are() -> None:
@@ -575,7 +577,8 @@ def test_format_2_state_loads_and_keeps_every_pid_known() -> None:
     # layer; the newest old-shape layer (T0 + 30 s, still current) is not written.
     assert restored.admit("User:alice", [3], T0 + 35_000) == Admitted((), 1)
     layers = next(r for r in restored.export() if r.principal == "User:alice").layers
-    assert [layer.shape.bit_count for layer in layers] == [14_378, 14_378, 14_378, 256]
+    smallest = LayerPlan(W, 6).shape_for(1).bit_count  # 16 items at p·(3/4)/10, k = 14
+    assert [layer.shape.bit_count for layer in layers] == [14_378, 14_378, 14_378, smallest]
     # Saved again, it is a format-3 state that loads to the same decisions.
     again = dump_state(restored, T0 + 35_000)
     assert again[8:10] == FORMAT_VERSION.to_bytes(2, "big") == b"\x00\x03"
