@@ -187,7 +187,7 @@ class LayerPlan:
     @property
     def min_layer_rate(self) -> float:
         """The rate of the deepest early roll: r₀·q^16."""
-        return self.layer_rate / _EARLY_ROLL_DIVISOR**_MAX_EARLY_DEPTH
+        return float(self.layer_rate / _EARLY_ROLL_DIVISOR**_MAX_EARLY_DEPTH)
 
     def shape_for(self, items: int, rate: float | None = None) -> BloomShape:
         """The shape of a new layer meant to hold ``items`` (clamped to [min_layer_items,
