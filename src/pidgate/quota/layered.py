@@ -78,6 +78,9 @@ of p (:class:`LayerPlan`):
   the lower targets of early rolls come from more bits per item (:func:`bits_per_item_at`).
   Cost at p = 0.001, N = 11: 21.0 bits per PID per layer instead of 14.4 (+46%), k 15 instead
   of 10.
+* Small layers also pay for the duplicate-index floor n/m²
+  (:func:`pidgate.quota.bloom.rate_of_shape`): the smallest layer is 640 bits instead of 256
+  (17 PIDs either way).
 
 Layers restored from a state saved under the old sizing (k = 10, one layer at p) are read and
 touched but never written again; until they expire (within W + H) the union can exceed p, and
@@ -469,9 +472,8 @@ class LayeredBloomFilter:
             newest = len(meta) - _STRIDE
             if meta[newest + _BITS] and meta[newest + _INSERTED] >= meta[newest + _CAPACITY]:
                 want = max(want, 2 * meta[newest + _CAPACITY])
-                if (now_ms - meta[newest + _START]) * plan.window_num < plan.window_ms and meta[
-                    newest + _LAST
-                ] + plan.window_ms > now_ms:
+                current = (now_ms - meta[newest + _START]) * plan.window_num < plan.window_ms
+                if current and meta[newest + _LAST] + plan.window_ms > now_ms:
                     shape = BloomShape(
                         meta[newest + _BITS], meta[newest + _HASHES], meta[newest + _CAPACITY]
                     )
