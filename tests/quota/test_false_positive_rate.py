@@ -130,3 +130,29 @@ def test_worst_case_stays_within_the_configured_rate() -> None:
     # The budget is used, not wasted: the worst case comes close to p (within a binomial
     # bound of the configured rate, from below).
     assert hits >= binomial_interval(P * 0.6, LOOKUPS)[0], (hits / LOOKUPS, added)
+
+
+def test_early_rolls_take_shrinking_shares_and_a_new_span_starts_over() -> None:
+    """A burst within one span rolls layer after layer; each early roll is built for a quarter
+    of the previous one's rate (down to r₀/256), so the whole chain stays under (4/3)·r₀ plus
+    r₀/256 per roll past the fourth; the next span's layer is built for r₀ again."""
+    plan = LayerPlan(W, N, P)
+    f = LayeredBloomFilter(plan)
+    rng = random.Random(3)
+    now = 1_700_000_000_000
+    while len(f.export_layers()) < 7:
+        f.add(f.positions(rng.getrandbits(61)), now)
+    full = f.export_layers()[:-1]  # the newest is the one being filled
+    rates = [rate_at_capacity(layer.shape) for layer in full]
+    r0 = plan.layer_rate
+    for depth, rate in enumerate(rates):
+        target = r0 / 4 ** min(depth, 4)
+        assert target / 2 < rate <= target, (depth, rate, target)
+    assert sum(rates) <= r0 * 4 / 3 + r0 / 256
+    # Every layer's shape shares k, so one hash of a PID serves the whole chain.
+    assert {layer.shape.hash_count for layer in full} == {plan.hash_count}
+    later = now + -(-W // N)
+    f.add(f.positions(rng.getrandbits(61)), later)
+    head = f.export_layers()[-1]
+    assert head.start_ms == later
+    assert r0 / 2 < rate_at_capacity(head.shape) <= r0

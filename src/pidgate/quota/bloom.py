@@ -145,7 +145,7 @@ def false_positive_rate_of(set_bits: int, bit_count: int, hash_count: int, items
     # The floor and the fill term overlap a little (a duplicate pair also hits set bits):
     # combined as independent events, which is what the measurements show.
     floor = min(1.0, max(0, items) / (bit_count * bit_count))
-    return float(1.0 - (1.0 - rate) * (1.0 - floor))
+    return float(rate + floor - rate * floor)  # 1 − (1 − rate)(1 − floor), without cancelling
 
 
 @functools.lru_cache(maxsize=256)

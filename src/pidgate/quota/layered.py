@@ -71,9 +71,12 @@ of p (:class:`LayerPlan`):
   (now − W − H, now], so at most C = ⌊(W + H − 1)·N / W⌋ + 2 chains are live (18 at N = 11:
   the heads in that interval plus the chain of the head just before it).
 * A chain's head is built for r₀ = p·(1 − q)/C and its d-th early roll for r₀·q^d
-  (q = 1/4, d ≤ 16), so a chain, however many early rolls it took, stays under r₀/(1 − q)
-  and all live layers under C·r₀/(1 − q) = p. A layer rolls when it holds its capacity, so
-  none exceeds its own target.
+  (q = 1/4), so a chain stays under r₀/(1 − q) and all live layers under C·r₀/(1 − q) = p.
+  A layer rolls when it holds its capacity, so none exceeds its own target. Depth stops at 4
+  (r₀/256): deeper targets would cost bits without end once layers stop growing at
+  ``max_layer_items`` (and the n/m² floor below makes small ones grow as 2^d); so a chain
+  with more than 4 early rolls adds r₀/256 per extra layer (a principal admitting more than
+  1 + 2.5 + 6 + 16 + 40 times its recent layer size within one span).
 * Every layer of a plan uses one k, the optimal k for r₀, so one hash of a PID serves them all;
   the lower targets of early rolls come from more bits per item (:func:`bits_per_item_at`).
   Cost at p = 0.001, N = 11: 21.0 bits per PID per layer instead of 14.4 (+46%), k 15 instead
@@ -131,8 +134,8 @@ _HEADROOM_QUARTERS = 5
 #: An early roll is built for 1/_EARLY_ROLL_DIVISOR of the rate of the layer it follows, so a
 #: chain of early rolls sums to at most 4/3 of its head's rate (see the module docstring).
 _EARLY_ROLL_DIVISOR = 4
-#: Early rolls deeper than this keep the rate of this depth (4**-16 of the head's: nil).
-_MAX_EARLY_DEPTH = 16
+#: Early rolls deeper than this keep the rate of this depth (r₀/256; see the module docstring).
+_MAX_EARLY_DEPTH = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +192,7 @@ class LayerPlan:
 
     @property
     def min_layer_rate(self) -> float:
-        """The rate of the deepest early roll: r₀·q^16."""
+        """The rate of the deepest early roll: r₀·q^4 = r₀/256."""
         return float(self.layer_rate / _EARLY_ROLL_DIVISOR**_MAX_EARLY_DEPTH)
 
     def shape_for(self, items: int, rate: float | None = None) -> BloomShape:
@@ -199,9 +202,9 @@ class LayerPlan:
         if rate is None:
             rate = self.layer_rate
         items = min(self.max_layer_items, max(self.min_layer_items, items))
-        items = max(
-            1, min(items, math.floor(MAX_BIT_COUNT / bits_per_item_at(rate, self.hash_count)))
-        )
+        # 1% below the 2**32-bit limit, so the n/m² floor never pushes the ladder past it.
+        per_item = bits_per_item_at(rate, self.hash_count) * 1.01
+        items = max(1, min(items, math.floor(MAX_BIT_COUNT / per_item)))
         return BloomShape.for_layer(items, rate, self.max_layer_items, self.hash_count)
 
 
@@ -389,7 +392,7 @@ class LayeredBloomFilter:
             if rate >= 1.0:
                 return 1.0  # every bit set (log1p(-1) would raise)
             log_miss += math.log1p(-rate)
-        return -math.expm1(log_miss)
+        return max(0.0, -math.expm1(log_miss))
 
     # -- updates ---------------------------------------------------------------------------
 
