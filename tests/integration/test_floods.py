@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import multiprocessing
 import os
 import socket
@@ -51,6 +52,8 @@ import crc32c
 import pytest
 
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
+from pidgate.quota.bloom import bits_per_item_at
+from pidgate.quota.layered import LayerPlan
 from tests.integration.broker_log import fetch_batch_headers, producer_ids_in_log
 from tests.integration.figures import open_fd_count, record_figures, rss_bytes
 from tests.integration.helpers import (
@@ -71,13 +74,16 @@ pytestmark = pytest.mark.integration
 MIB = 1 << 20
 PRODUCE, SASL_HANDSHAKE, SASL_AUTHENTICATE = 0, 17, 36
 PRODUCE_VERSION = 8
-#: Bits of the smallest Bloom layer (min_layer_items, 16 items, at the default false-positive
-#: rate 0.001: 231 bits, rounded up to the layer size ladder): what a principal that activated
-#: one PID holds. Layers are sized to what a principal writes (issue #12).
-SMALLEST_LAYER_BITS = 256
-#: Bits of a Bloom layer for 1000 items (the flood principal's rate per window) at p = 0.001:
-#: ceil(1000 * ln(1000) / ln(2)^2), the unit of the flood's memory bound.
-RATE_LAYER_BITS = 14_378
+#: Bits of the smallest Bloom layer (min_layer_items, 16 items, each layer built for its share
+#: of the default false-positive rate 0.001 over a 1 h window in 11 layers: 640 bits, see
+#: pidgate.quota.layered): what a principal that activated one PID holds. Layers are sized to
+#: what a principal writes (issue #12).
+SMALLEST_LAYER_BITS = LayerPlan(3_600_000, 11).shape_for(1).bit_count
+#: Bits of a Bloom layer for 1000 items (the flood principal's rate per window) at its layers'
+#: share of p = 0.001 (window 10 s in 11 layers), before rounding up: the unit of the flood's
+#: memory bound.
+_FLOOD_PLAN = LayerPlan(10_000, 11)
+RATE_LAYER_BITS = math.ceil(1000 * bits_per_item_at(_FLOOD_PLAN.layer_rate, _FLOOD_PLAN.hash_count))
 
 _SIZE = struct.Struct(">i")
 _I16 = struct.Struct(">h")

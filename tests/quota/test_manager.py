@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from pidgate.quota.layered import LayerPlan
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
 from tests.steps import run_counting_steps
 
@@ -204,9 +205,14 @@ def test_eviction_of_idlest_principal_counted() -> None:
     assert m.evicted_principal_count == 2  # a went, being idlest now
 
 
-#: The smallest layer at p = 0.001: min_layer_items (16) items need 231 bits, rounded up to a
-#: power of two: 256 bits, which hold 17 items.
-SMALLEST = 256
+#: The smallest layer at p = 0.001 and 10 layers a window: each layer gets p·(3/4)/16 (see
+#: pidgate.quota.layered), k = 14; min_layer_items (16) items in 384 bits would meet that by
+#: fill but not by the duplicate-index floor n/m² (pidgate.quota.bloom.rate_of_shape): 640 bits.
+SMALLEST = 640
+
+
+def test_smallest_layer_size() -> None:
+    assert LayerPlan(W, 10).shape_for(1).bit_count == SMALLEST
 
 
 def test_eviction_by_total_bits() -> None:
@@ -230,7 +236,8 @@ def test_snapshot() -> None:
     assert state.tokens == 3.0
     assert state.layer_count == 1
     assert state.bits == SMALLEST
-    assert 0.0 < state.estimated_false_positive_rate < 1e-9
+    # 2 PIDs in 640 bits: the fill term is ~1e-20, the duplicate-index floor 2/640² ≈ 4.9e-6.
+    assert state.estimated_false_positive_rate == pytest.approx(2 / 640**2, rel=1e-6)
 
 
 def test_known_pid_renewed_even_when_request_rolls_a_layer() -> None:

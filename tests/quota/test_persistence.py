@@ -211,11 +211,13 @@ def test_changed_false_positive_rate_keeps_the_saved_shape_and_known_pids() -> N
     assert restored.admit("User:alice", [6], T0 + 2000) == rejected
     (saved,) = m.export()[0].layers
     assert restored.snapshot(T0 + 2000)[0].bits == saved.shape.bit_count
-    # New writes go to a new layer in the new shape (k = 7 at p = 0.01), never the old one.
+    # New writes go to a new layer in the new shape (k = 10 at p = 0.01 with 6 layers a
+    # window, k = 14 at 0.001), never the old one.
     assert restored.admit("User:alice", [6], T0 + 12_000) == Admitted((6,), 0)
     old, new = restored.export()[0].layers
     assert old == saved
-    assert new.shape.hash_count == 7 and saved.shape.hash_count == 10
+    assert new.shape.hash_count == LayerPlan(W, 6, 0.01).hash_count == 10
+    assert saved.shape.hash_count == LayerPlan(W, 6, 0.001).hash_count == 14
 
 
 def test_changed_layer_size_keeps_layers_as_they_are() -> None:
@@ -578,7 +580,8 @@ def test_format_2_state_loads_and_keeps_every_pid_known() -> None:
     # layer; the newest old-shape layer (T0 + 30 s, still current) is not written.
     assert restored.admit("User:alice", [3], T0 + 35_000) == Admitted((), 1)
     layers = next(r for r in restored.export() if r.principal == "User:alice").layers
-    assert [layer.shape.bit_count for layer in layers] == [14_378, 14_378, 14_378, 256]
+    smallest = LayerPlan(W, 6).shape_for(1).bit_count  # 16 items at p·(3/4)/10, k = 14
+    assert [layer.shape.bit_count for layer in layers] == [14_378, 14_378, 14_378, smallest]
     # Saved again, it is a format-3 state that loads to the same decisions.
     again = dump_state(restored, T0 + 35_000)
     assert again[8:10] == FORMAT_VERSION.to_bytes(2, "big") == b"\x00\x03"
@@ -639,3 +642,54 @@ def test_an_export_in_steps_copies_each_principal_as_its_step_finds_it() -> None
     assert not restored.is_known("User:u0", 10, T0 + 5)
     assert restored.is_known("User:u3", 13, T0 + 5)
     assert restored.is_known("User:u0", 0, T0 + 5)
+
+
+# -- a state saved before each layer got its share of the false-positive rate still loads --------
+
+#: Saved (format 3) by pidgate before issue #21 item 4, when every layer was built for p itself
+#: (k = 10): window 60 s in 6 layers, rate 100. alice: PIDs 1-40 at T0 (one 768-bit layer),
+#: 100-109 at T0 + 10 s, 200-204 at T0 + 25 s; bob: 300-302 at T0 + 25 s. Dumped at T0 + 30 s.
+OLD_SIZING_STATE = base64.b64decode(
+    "UElER1NUQVQAAwAAAAAAAAAAAXAAAAAAAAABRnice/Bl3b+fSQxMXKHFqUVWiTmZyakpD64wN2zcy3RhGUiKuYGN"
+    "y7RhwWqQKg0G62mtjwQ4Ph5kNnY7sqFK7spKjeZbT/iUzJ0EbNZ08ARYGp/akpCcwNi/qTlJwN7Cnf2B0gXvky2m"
+    "VSYv/EMUZBwuOE/WyVmg8OSR0KkNXms8nJgCTj9Q8FgVveCqh8HjzuaNKQ1MXIIL9qwBWcbF4MSgzCEgzMPZa6HF"
+    "p39W0SCyY1Zig8AiKQcTp4OaiY4zQC6DOJKBlYFBgIGBiZGBgcWBQUGBiYGJgYPBQYmByQEoDAECUOzAwNDgACQV"
+    "wFwHkGgDFwMDo4ADC4MDJwcDkARCAaDtQANBGgMSwPo5wCGUlJ8ECp8Hcx5Dw4cR5GSoK5gZOIEOcGRoYmCIADqF"
+    "yYmBsaGBwUOAyYVBEWimB6MCAwBl/24IHwRZCw=="
+)
+
+
+def test_state_saved_under_the_old_per_layer_sizing_loads_and_keeps_every_pid_known() -> None:
+    now = T0 + 31_000
+    saved_pids = {
+        "User:alice": [*range(1, 41), *range(100, 110), *range(200, 205)],
+        "User:bob": [300, 301, 302],
+    }
+    restored, report = load_state(OLD_SIZING_STATE, policy(default_producer_ids_rate=100), now)
+    assert (report.principals_restored, report.layers_restored) == (2, 4)
+    # k = 10 layers are not what the current plan builds (k = 14 here): read, never written.
+    assert LayerPlan(W, 6).hash_count == 14
+    assert (report.principals_reshaped, report.layers_reshaped) == (2, 4)
+    for principal, pids in saved_pids.items():
+        assert all(restored.is_known(principal, pid, now) for pid in pids)
+    old_layers = next(r for r in restored.export() if r.principal == "User:alice").layers
+    assert [layer.shape.hash_count for layer in old_layers] == [10, 10, 10]
+    # The estimate counts the old layers (each built for p on its own) from their fill.
+    (alice,) = (s for s in restored.snapshot(now) if s.principal == "User:alice")
+    assert 0.0 < alice.estimated_false_positive_rate < 0.001
+    # A new PID at T0 + 31 s: the newest old layer (T0 + 25 s) is still current but sealed,
+    # so a layer in the current shape takes it; the old layers are kept as they were.
+    assert restored.admit("User:alice", [500], now) == Admitted((500,), 0)
+    layers = next(r for r in restored.export() if r.principal == "User:alice").layers
+    assert layers[:3] == old_layers
+    new = layers[3]
+    assert new.shape.hash_count == 14 and new.shape.is_universal and new.inserted_count == 1
+    # Saved again and reloaded: the same layers, the same PIDs known.
+    reloaded, again = load_state(
+        dump_state(restored, now), policy(default_producer_ids_rate=100), now
+    )
+    assert again.layers_reshaped == 4
+    assert [r.layers for r in reloaded.export()] == [r.layers for r in restored.export()]
+    for principal, pids in saved_pids.items():
+        assert all(reloaded.is_known(principal, pid, now) for pid in pids)
+    assert reloaded.is_known("User:alice", 500, now)

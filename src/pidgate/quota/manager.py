@@ -159,7 +159,7 @@ def _principal_state(name: str, state: _Principal, now_ms: int) -> PrincipalStat
         tokens=state.bucket.tokens(now_ms),
         layer_count=state.seen.layer_count,
         bits=state.seen.total_bits,
-        estimated_false_positive_rate=state.seen.estimated_false_positive_rate(),
+        estimated_false_positive_rate=state.seen.estimated_false_positive_rate(now_ms),
         grandfather_mode=enforcement.mode_at(now_ms) if enforcement is not None else OFF,
         frontier=enforcement.frontier if enforcement is not None else None,
         enforcement_began_ms=enforcement.began_ms if enforcement is not None else None,

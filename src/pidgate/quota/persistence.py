@@ -61,10 +61,10 @@ from types import MappingProxyType
 
 from bitarray import bitarray
 
-from .bloom import BloomShape, hash_count_for
+from .bloom import BloomShape
 from .bucket import TokenBucket
 from .grandfather import FRONTIER, LEARNING, OFF, PENDING, Enforcement, GrandfatherMode
-from .layered import LayerState
+from .layered import LayerPlan, LayerState
 from .manager import PrincipalRecord, QuotaManager
 from .policy import QuotaPolicy
 
@@ -537,7 +537,11 @@ def load_state(
     records: list[PrincipalRecord] = []
     expired = unlimited = idle = reshaped = layers_reshaped = 0
     dead_before = now_ms - effective.window_ms
-    hash_count = hash_count_for(effective.false_positive_rate)
+    # k of the layers the current policy builds (each layer's share of the false-positive
+    # rate depends on the window too: see pidgate.quota.layered).
+    hash_count = LayerPlan(
+        effective.window_ms, effective.window_num, effective.false_positive_rate
+    ).hash_count
     for record in snapshot.principals:
         rate = effective.rate_for(record.principal)
         if rate is None:
