@@ -750,13 +750,16 @@ def test_a_client_that_hangs_up_while_paused_is_let_go(
     finally:
         proxy.stop()
 
-    # (b) muted: one new PID per hour, so the second PID is rejected and the client muted for
-    # up to a minute; it hangs up at once.
+    # (b) muted: one new PID per hour, so the second PID is rejected (holding off: a held
+    # client's hang-up is tests/integration/test_holding.py's) and the client muted for up to
+    # a minute; it hangs up at once.
     topic = unique_name("muted")
     create_topic(broker.bootstrap, topic)
     muted = BackgroundProxy(
         proxy_settings(
-            broker, quota=anonymous_quota(1, 3600), rejection={"max_throttle_time_ms": 60_000}
+            broker,
+            quota=anonymous_quota(1, 3600),
+            rejection={"max_throttle_time_ms": 60_000, "max_hold_ms": 0},
         )
     ).start()
     try:

@@ -620,6 +620,8 @@ def test_100k_principals_are_capped_evicted_idlest_first_and_counted() -> None:
                 # would run in learning mode; this test is about caps and eviction.
                 "grandfather_grace_ms": 0,
             },
+            # Every flood request answered at once: this test is about what the principals cost.
+            "rejection": {"max_hold_ms": 0},
         }
         with pidgate_process(bootstrap, config) as gate:
             rss_before = rss_bytes(gate.pid)
@@ -859,7 +861,8 @@ def test_1m_pids_from_one_principal_are_throttled_with_bounded_memory(
             "users": {"ANONYMOUS": {"producer_ids_rate": FLOOD_RATE}},
             "max_total_bits": FLOOD_MAX_TOTAL_BITS,
         },
-        "rejection": {"max_throttle_time_ms": 0},  # muting would only slow the flood down
+        # Answered at once: holding or muting would only slow the flood down.
+        "rejection": {"max_throttle_time_ms": 0, "max_hold_ms": 0},
     }
     with pidgate_process(broker.bootstrap, config) as gate:
         for topic in (flood_topic, marks_topic, steady_topic):

@@ -53,7 +53,10 @@ def held_count(proxy: BackgroundProxy) -> float:
 def test_a_token_freed_between_two_pipelined_batches_does_not_let_the_second_overtake(
     start_proxy, broker: EmbeddedBroker
 ) -> None:
-    proxy = start_proxy(quota=RATE_ONE_PER_2S, rejection={"max_throttle_time_ms": 5000})
+    # Answered at once (holding off, or the waiting room full): the order guard's case.
+    proxy = start_proxy(
+        quota=RATE_ONE_PER_2S, rejection={"max_throttle_time_ms": 5000, "max_hold_ms": 0}
+    )
     topic = unique_name("order-raw")
     create_topic(proxy.bootstrap, topic)
     spender, _ = init_producer_id(proxy.bootstrap)
@@ -94,6 +97,36 @@ def test_a_token_freed_between_two_pipelined_batches_does_not_let_the_second_ove
         retried = [decode_produce(conn.recv_frame(), 8) for _ in range(5)]
         assert [produce_partition_errors(r) for r in retried] == [[0]] * 5
 
+    batches = [
+        b for b in fetch_batch_headers(broker.bootstrap, topic, [0]) if b.producer_id == producer_id
+    ]
+    assert [b.base_sequence for b in batches] == [0, 1, 2, 3, 4]
+
+
+def test_pipelined_batches_behind_a_held_one_follow_it_in_order(
+    start_proxy, broker: EmbeddedBroker
+) -> None:
+    """Holding (the default): batch 0 waits for the token, nothing behind it on the connection
+    is read meanwhile, then all five reach the broker in order, none rejected."""
+    proxy = start_proxy(quota=RATE_ONE_PER_2S)
+    topic = unique_name("order-held")
+    create_topic(proxy.bootstrap, topic)
+    spender, _ = init_producer_id(proxy.bootstrap)
+    producer_id, _ = init_producer_id(proxy.bootstrap)
+    with KafkaSocket(proxy.bootstrap, timeout_s=20) as conn:
+        conn.sendall(produce_frame(topic, spender, 1))  # takes the only token
+        assert produce_partition_errors(decode_produce(conn.recv_frame(), 8)) == [0]
+    with KafkaSocket(proxy.bootstrap, timeout_s=20) as conn:
+        conn.sendall(
+            b"".join(
+                produce_frame(topic, producer_id, 10 + sequence, base_sequence=sequence)
+                for sequence in range(5)
+            )
+        )
+        answers = [decode_produce(conn.recv_frame(), 8) for _ in range(5)]
+    assert [r.header.correlation_id for r in answers] == [10, 11, 12, 13, 14]
+    assert [produce_partition_errors(r) for r in answers] == [[0]] * 5
+    assert held_count(proxy) == 0  # no batch answered as rejected for order
     batches = [
         b for b in fetch_batch_headers(broker.bootstrap, topic, [0]) if b.producer_id == producer_id
     ]

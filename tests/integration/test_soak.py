@@ -306,8 +306,9 @@ def soak_proxy(broker: EmbeddedBroker) -> Iterator[tuple[BackgroundProxy, Decisi
     settings = proxy_settings(
         broker,
         quota=anonymous_quota(RATE, WINDOW_S),
-        # Short mutes keep the storm churning through new PIDs.
-        rejection={"max_throttle_time_ms": 500},
+        # Answered at once with short mutes: the storm keeps churning through new PIDs (held
+        # ones would wait in line instead; tests/integration/test_holding.py covers holding).
+        rejection={"max_throttle_time_ms": 500, "max_hold_ms": 0},
     )
     running = BackgroundProxy(settings, observers=(decisions,)).start()
     try:

@@ -96,6 +96,9 @@ class Gatekeeper:
         self.failure_throttle_ms = failure_throttle_ms
         self._on_quota_error = on_quota_error
         self.quota_failures = 0
+        #: The last decision came from the failure policy, not the quota: a connection does not
+        #: hold such a rejection for tokens (asking a failing quota again is no use).
+        self.last_decision_failed = False
         #: When the last decision was made (quota clock): observers record this exact time, so
         #: a replay of the event log (the backtest) decides at the same instants.
         self.decided_at_ms = 0
@@ -131,6 +134,7 @@ class Gatekeeper:
             decision = self.quota.admit(context.principal, producer_ids, now_ms)
         except Exception as error:  # a bug in the quota subsystem: the policy says what now
             return self._quota_failed(error, frozenset(producer_ids))
+        self.last_decision_failed = False
         if not self._observers:
             return decision
         if isinstance(decision, Rejected):
@@ -154,6 +158,7 @@ class Gatekeeper:
 
     def _quota_failed(self, error: Exception, producer_ids: frozenset[int]) -> Rejected | None:
         self.quota_failures += 1
+        self.last_decision_failed = True
         if self._on_quota_error is not None:
             # Reporting must not turn a handled failure into a closed connection.
             with contextlib.suppress(Exception):

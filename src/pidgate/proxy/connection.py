@@ -952,10 +952,15 @@ class ClientConnection(asyncio.BufferedProtocol):
         producer_ids: Collection[int],
     ) -> bool:
         """Hold a rejected Produce for its tokens; False when it cannot be held (holding off,
-        acks=0, a request timeout too short, or the waiting room full)."""
+        acks=0, a request timeout too short, the quota failing, or the waiting room full)."""
         room = self._context.waiting_room
         hold_ms = min(self._settings.rejection.max_hold_ms, produce.timeout_ms * 2 // 3)
-        if room is None or produce.acks == 0 or hold_ms < _MIN_HOLD_MS:
+        if (
+            room is None
+            or produce.acks == 0
+            or hold_ms < _MIN_HOLD_MS
+            or self._context.gatekeeper.last_decision_failed  # the failure policy's answer
+        ):
             return False
         held = _HeldProduce(
             self,
