@@ -66,7 +66,8 @@ class QuotaSettings(_Frozen):
         gt=0.0,
         lt=1.0,
         alias="producer.id.quota.cache.false.positive.rate",
-        description="Bloom false-positive rate: the chance a new PID passes free (fails open)",
+        description="Bloom false-positive rate: the chance a new PID passes free (fails open), "
+        "over all the layers a lookup consults; each layer is built for a share of it",
     )
     cleanup_interval_ms: int = Field(
         10_000,
