@@ -920,17 +920,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             context.client_software_name, settings.error_codes, context.client_id
         )
         throttle_time_ms = min(decision.throttle_time_ms, settings.max_throttle_time_ms)
-        self._context.log.warning(
-            "pid_throttled",
-            key=context.principal,
-            principal=context.principal,
-            client_id=context.client_id,
-            client_software=context.client_software_name,
-            peer=context.peer,
-            producer_ids=list(decision.unknown_producer_ids[:10]),
-            throttle_time_ms=throttle_time_ms,
-            tokens_available_in_ms=decision.throttle_time_ms,
-            error_code=error_code,
+        self._log_throttled(
+            context, decision, throttle_time_ms=throttle_time_ms, error_code=error_code
         )
         now_ms = monotonic_ms()
         self._order_guard.rejected(produce, now_ms)
@@ -977,6 +968,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._held = held
         self._slots.append(held.slot)
         self._gate.pause("hold")
+        self._log_throttled(context, decision, held_for_at_most_ms=hold_ms)
+        return True
+
+    def _log_throttled(self, context: ProduceContext, decision: Rejected, **fields: int) -> None:
+        """``pid_throttled``: one line per throttled Produce (rate-limited per principal)."""
         self._context.log.warning(
             "pid_throttled",
             key=context.principal,
@@ -986,9 +982,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             peer=context.peer,
             producer_ids=list(decision.unknown_producer_ids[:10]),
             tokens_available_in_ms=decision.throttle_time_ms,
-            held_for_at_most_ms=hold_ms,
+            **fields,
         )
-        return True
 
     def _recheck_held(self, held: _HeldProduce) -> Recheck:
         """Ask the quota again for ``held``: forward it when admitted, else the wait left."""
