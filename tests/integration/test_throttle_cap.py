@@ -1,4 +1,5 @@
-"""The throttle sent to a client, and the mute, are capped (``rejection.max_throttle_time_ms``).
+"""Without holding (``rejection.max_hold_ms: 0``, or the waiting room full), the throttle sent
+to a client, and the mute, are capped (``rejection.max_throttle_time_ms``).
 
 KIP-219 clients sleep for the ``throttle_time_ms`` they are sent, and pidgate mutes every client
 for it. Uncapped, that is the time until the quota refills, up to a whole window (an hour by
@@ -74,7 +75,9 @@ def test_a_throttled_producer_recovers_within_the_cap_of_the_quota_being_raised(
     start_proxy, broker: EmbeddedBroker, client: Any
 ) -> None:
     # One new PID per hour, and it is spent: uncapped, the producer would be told to wait ~1 h.
-    proxy = start_proxy(quota=anonymous_quota(1, 3600), rejection={"max_throttle_time_ms": CAP_MS})
+    proxy = start_proxy(
+        quota=anonymous_quota(1, 3600), rejection={"max_throttle_time_ms": CAP_MS, "max_hold_ms": 0}
+    )
     topic = unique_name("cap")
     create_topic(proxy.bootstrap, topic)
     spender, _ = init_producer_id(proxy.bootstrap)
@@ -90,7 +93,7 @@ def test_a_throttled_producer_recovers_within_the_cap_of_the_quota_being_raised(
     raised = proxy_settings(
         broker,
         quota=anonymous_quota(36_000, 3600),
-        rejection={"max_throttle_time_ms": CAP_MS},
+        rejection={"max_throttle_time_ms": CAP_MS, "max_hold_ms": 0},
     )
     raised_at = time.monotonic()
     proxy.call_and_wait(lambda: proxy.server.reload(raised))  # what SIGHUP does
@@ -107,7 +110,9 @@ def test_a_throttled_producer_recovers_within_the_cap_of_the_quota_being_raised(
 def test_a_rejection_carries_the_capped_throttle_and_mutes_for_it(
     start_proxy, broker: EmbeddedBroker
 ) -> None:
-    proxy = start_proxy(quota=anonymous_quota(1, 3600), rejection={"max_throttle_time_ms": 700})
+    proxy = start_proxy(
+        quota=anonymous_quota(1, 3600), rejection={"max_throttle_time_ms": 700, "max_hold_ms": 0}
+    )
     topic = unique_name("cap-raw")
     create_topic(proxy.bootstrap, topic)
     first, _ = init_producer_id(proxy.bootstrap)
