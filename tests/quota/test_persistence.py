@@ -582,9 +582,9 @@ def test_format_2_state_loads_and_keeps_every_pid_known() -> None:
     layers = next(r for r in restored.export() if r.principal == "User:alice").layers
     smallest = LayerPlan(W, 6).shape_for(1).bit_count  # 16 items at p·(3/4)/10, k = 14
     assert [layer.shape.bit_count for layer in layers] == [14_378, 14_378, 14_378, smallest]
-    # Saved again, it is a format-3 state that loads to the same decisions.
+    # Saved again, it is a current-format state that loads to the same decisions.
     again = dump_state(restored, T0 + 35_000)
-    assert again[8:10] == FORMAT_VERSION.to_bytes(2, "big") == b"\x00\x03"
+    assert again[8:10] == FORMAT_VERSION.to_bytes(2, "big") == b"\x00\x04"
     reloaded, _ = load_state(again, policy(), T0 + 35_000)
     assert [r.layers for r in reloaded.export()] == [r.layers for r in restored.export()]
     for pid in (1, 2, 3, 4, 5, 2000, 2001):

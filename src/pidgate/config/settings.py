@@ -30,6 +30,11 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
+#: ``enforce`` throttles; ``observe`` decides the same, records what it would have throttled
+#: (metrics, event log ``would_reject``, /state) and forwards every request.
+QuotaMode = Literal["enforce", "observe"]
+
+
 class UserQuota(_Frozen):
     """Quota values for one user entity (``users.<name>`` or ``users.<default>``)."""
 
@@ -37,6 +42,11 @@ class UserQuota(_Frozen):
         None,
         ge=0,
         description="new PIDs this user may activate per quota window; none = unlimited",
+    )
+    mode: QuotaMode | None = Field(
+        None,
+        description="observe: this user's would-be throttles are recorded and every request "
+        "forwarded; enforce: throttled; none = as users.<default>, else quota.mode",
     )
 
 
@@ -74,6 +84,12 @@ class QuotaSettings(_Frozen):
         ge=10,
         alias="producer.id.quota.cache.cleanup.scheduler.interval.ms",
         description="how often expired layers and idle principals are dropped",
+    )
+    mode: QuotaMode = Field(
+        "enforce",
+        description="enforce, or observe: decide as enforcement would, record would-be "
+        "throttles (metrics, event log, /state) and forward every request; per user: "
+        "users.<name>.mode; live: key producer_ids_observe (pidgate quotas set --observe)",
     )
     users: dict[str, UserQuota] = Field(
         default_factory=dict,
@@ -122,6 +138,23 @@ class QuotaSettings(_Frozen):
             name: quota.producer_ids_rate
             for name, quota in self.users.items()
             if name != DEFAULT_USER_ENTITY and quota.producer_ids_rate is not None
+        }
+
+    @property
+    def default_observe(self) -> bool | None:
+        """The default user's observe mode: users.<default>.mode, else quota.mode (None when
+        that is the default, enforce: nothing set)."""
+        default = self.users.get(DEFAULT_USER_ENTITY)
+        if default is not None and default.mode is not None:
+            return default.mode == "observe"
+        return True if self.mode == "observe" else None
+
+    @property
+    def user_observe(self) -> dict[str, bool]:
+        return {
+            name: quota.mode == "observe"
+            for name, quota in self.users.items()
+            if name != DEFAULT_USER_ENTITY and quota.mode is not None
         }
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""Client-quota APIs (KIP-546): pidgate answers for ``producer_ids_rate``, the broker for the rest.
+"""Client-quota APIs (KIP-546): pidgate answers for ``producer_ids_rate`` and
+``producer_ids_observe`` (1.0 observe mode, 0.0 enforce), the broker for the rest.
 
 Owns the sans-IO side of DescribeClientQuotas (api key 48) and AlterClientQuotas (api key 49) as
 seen through pidgate, so that ``pidgate quotas``, the Java AdminClient's
@@ -14,7 +15,8 @@ alterClientQuotas/describeClientQuotas and ``kafka-configs --describe`` work unc
 * ``encode_alter_response``: one result per entity of the original request, in request order.
 * ``split_describe_request`` / ``encode_describe_response``: KIP-546 filter semantics (match_type
   0 exact / 1 default / 2 any, ``strict``), the broker's entries plus our ``producer_ids_rate``.
-* ``validate_producer_ids_rate``: the Kafka error for a bad value.
+* ``validate_producer_ids_rate`` / ``validate_producer_ids_observe``: the Kafka error for a bad
+  value. Both keys are "ours" alike: split off, validated, answered and merged the same way.
 
 Error semantics follow the KRaft broker and controller (Kafka 3.5+): every validation failure is
 INVALID_REQUEST (42), never INVALID_CONFIG (40) — ``ClientQuotaControlManager.validateEntity``
@@ -59,6 +61,8 @@ __all__ = [
     "MATCH_ANY",
     "MATCH_DEFAULT",
     "MATCH_EXACT",
+    "OUR_KEYS",
+    "PRODUCER_IDS_OBSERVE",
     "PRODUCER_IDS_RATE",
     "UNKNOWN_SERVER_ERROR",
     "UNSUPPORTED_VERSION",
@@ -73,11 +77,16 @@ __all__ = [
     "encode_describe_response",
     "split_alter_request",
     "split_describe_request",
+    "validate_producer_ids_observe",
     "validate_producer_ids_rate",
 ]
 
 PRODUCER_IDS_RATE = "producer_ids_rate"
 """The KIP-936 quota key pidgate owns: new producer IDs per quota window, per user."""
+PRODUCER_IDS_OBSERVE = "producer_ids_observe"
+"""pidgate's mode key: 1.0 observe (would-be throttles recorded, requests forwarded), 0.0
+enforce; per user and the default user, like the rate."""
+OUR_KEYS = (PRODUCER_IDS_RATE, PRODUCER_IDS_OBSERVE)
 
 DESCRIBE_CLIENT_QUOTAS_KEY = 48
 ALTER_CLIENT_QUOTAS_KEY = 49
@@ -156,15 +165,33 @@ class QuotaEntity:
 
 @dataclass(frozen=True, slots=True)
 class QuotaChange:
-    """Set ``producer_ids_rate`` of ``entity`` to ``value``, or remove it (``value=None``)."""
+    """Set ``key`` (``producer_ids_rate`` unless said) of ``entity`` to ``value``, or remove it
+    (``value=None``)."""
 
     entity: QuotaEntity
     value: float | None
+    key: str = PRODUCER_IDS_RATE
 
     @property
     def rate(self) -> int | None:
         """The value as the integer pidgate's QuotaPolicy holds (None = remove)."""
         return None if self.value is None else int(self.value)
+
+    @property
+    def observe(self) -> bool | None:
+        """A ``producer_ids_observe`` value as the mode: True observe, False enforce, None
+        removed."""
+        return None if self.value is None else self.value >= 0.5
+
+
+def validate_producer_ids_observe(value: float) -> tuple[int, str | None]:
+    """(error_code, message) for a proposed ``producer_ids_observe``: 1.0 or 0.0 only."""
+    if value in (0.0, 1.0):
+        return NONE, None
+    return (
+        INVALID_REQUEST,
+        f"Quota {PRODUCER_IDS_OBSERVE} must be 1.0 (observe) or 0.0 (enforce), got {value!r}",
+    )
 
 
 def validate_producer_ids_rate(value: float) -> tuple[int, str | None]:
@@ -254,10 +281,16 @@ class AlterEntryPlan:
     entity: QuotaEntity | None
     """The user entity, when the entity is exactly one ``user`` component."""
     has_our_key: bool
-    change: QuotaChange | None
+    changes: tuple[QuotaChange, ...]
+    """One per op on our keys, when they are all valid."""
     forwarded: bool
     error_code: int = NONE
     error_message: str | None = None
+
+    @property
+    def change(self) -> QuotaChange | None:
+        """The first change (an entry usually carries one)."""
+        return self.changes[0] if self.changes else None
 
     @property
     def key(self) -> EntityKey:
@@ -306,13 +339,13 @@ def split_alter_request(
         duplicate = key in seen
         seen.add(key)
         ops = list(entry.ops or ())
-        ours = [op for op in ops if str(op.key) == PRODUCER_IDS_RATE]
-        theirs = [op for op in ops if str(op.key) != PRODUCER_IDS_RATE]
+        ours = [op for op in ops if str(op.key) in OUR_KEYS]
+        theirs = [op for op in ops if str(op.key) not in OUR_KEYS]
         entity = _user_entity(components)
         if not ours:
             if broker_supports:
                 forward_entries.append(entry)
-                plans.append(AlterEntryPlan(index, components, entity, False, None, True))
+                plans.append(AlterEntryPlan(index, components, entity, False, (), True))
             elif theirs:
                 plans.append(
                     AlterEntryPlan(
@@ -320,28 +353,28 @@ def split_alter_request(
                         components,
                         entity,
                         False,
-                        None,
+                        (),
                         False,
                         UNSUPPORTED_VERSION,
                         _NO_BROKER_MESSAGE.format(api="AlterClientQuotas"),
                     )
                 )
             else:  # no ops at all: nothing to do
-                plans.append(AlterEntryPlan(index, components, entity, False, None, False))
+                plans.append(AlterEntryPlan(index, components, entity, False, (), False))
             continue
-        code, message, change = _validate_our_entry(components, entity, ours, duplicate)
+        code, message, changes = _validate_our_entry(components, entity, ours, duplicate)
         if code == NONE and theirs and not broker_supports:
-            code, message, change = (
+            code, message, changes = (
                 UNSUPPORTED_VERSION,
                 _NO_BROKER_MESSAGE.format(api="AlterClientQuotas")
                 + f"; nothing was changed for {_kafka_entity_repr(components)}",
-                None,
+                (),
             )
         forwarded = code == NONE and bool(theirs)
         if forwarded:
             forward_entries.append(R.EntryData(entity=list(entry.entity or ()), ops=theirs))
         plans.append(
-            AlterEntryPlan(index, components, entity, True, change, forwarded, code, message)
+            AlterEntryPlan(index, components, entity, True, changes, forwarded, code, message)
         )
     forward_body: bytes | None = None
     if forward_entries:
@@ -355,37 +388,46 @@ def _validate_our_entry(
     entity: QuotaEntity | None,
     ours: Sequence[Any],
     duplicate: bool,
-) -> tuple[int, str | None, QuotaChange | None]:
+) -> tuple[int, str | None, tuple[QuotaChange, ...]]:
     """Kafka's order of checks (ClientQuotaControlManager): duplicate key, duplicate entity,
-    entity shape, then the value. Only ``producer_ids_rate`` ops are judged here."""
-    if len(ours) > 1:
-        return (
-            INVALID_REQUEST,
-            f"Duplicate quota key {PRODUCER_IDS_RATE} not updating quota for this entity "
-            f"{_kafka_entity_repr(components)}",
-            None,
-        )
+    entity shape, then the values. Only ops on our keys are judged here."""
+    keys = [str(op.key) for op in ours]
+    for key in keys:
+        if keys.count(key) > 1:
+            return (
+                INVALID_REQUEST,
+                f"Duplicate quota key {key} not updating quota for this entity "
+                f"{_kafka_entity_repr(components)}",
+                (),
+            )
     if duplicate:
-        return INVALID_REQUEST, f"Ignoring duplicate entity {_kafka_entity_repr(components)}", None
+        return INVALID_REQUEST, f"Ignoring duplicate entity {_kafka_entity_repr(components)}", ()
     error = _entity_error(components)
     if error is not None:
-        return INVALID_REQUEST, error, None
+        return INVALID_REQUEST, error, ()
     if entity is None:
         types = "+".join(t for t, _ in components)
         return (
             INVALID_REQUEST,
-            f"{PRODUCER_IDS_RATE} is a per-user quota (KIP-936): set it on a user entity "
+            f"{keys[0]} is a per-user quota (KIP-936): set it on a user entity "
             f"(--entity-type users with --entity-name or --entity-default), not on {types}",
-            None,
+            (),
         )
-    op = ours[0]
-    if bool(op.remove):
-        return NONE, None, QuotaChange(entity, None)
-    value = float(op.value)
-    code, message = validate_producer_ids_rate(value)
-    if code != NONE:
-        return code, message, None
-    return NONE, None, QuotaChange(entity, float(int(value)))
+    changes: list[QuotaChange] = []
+    for op, key in zip(ours, keys, strict=True):
+        if bool(op.remove):
+            changes.append(QuotaChange(entity, None, key))
+            continue
+        value = float(op.value)
+        if key == PRODUCER_IDS_RATE:
+            code, message = validate_producer_ids_rate(value)
+            value = float(int(value)) if code == NONE else value
+        else:
+            code, message = validate_producer_ids_observe(value)
+        if code != NONE:
+            return code, message, ()
+        changes.append(QuotaChange(entity, value, key))
+    return NONE, None, tuple(changes)
 
 
 def _entity_error(components: Sequence[Component]) -> str | None:
@@ -451,15 +493,15 @@ def changes_to_apply(
     if plan.validate_only:
         return ()
     results: Mapping[EntityKey, tuple[int, str | None]] = {}
-    if any(e.forwarded and e.change is not None for e in plan.entries):
+    if any(e.forwarded and e.changes for e in plan.entries):
         results, _ = _broker_alter_results(plan, broker_response_body, broker_error)
     out: list[tuple[int, QuotaChange]] = []
     for entry in plan.entries:
-        if entry.change is None or entry.error_code != NONE:
+        if not entry.changes or entry.error_code != NONE:
             continue
         if entry.forwarded and results.get(entry.key, _MISSING_BROKER_RESULT)[0] != NONE:
             continue
-        out.append((entry.index, entry.change))
+        out.extend((entry.index, change) for change in entry.changes)
     return tuple(out)
 
 
@@ -644,7 +686,7 @@ def encode_describe_response(
     api_version: int,
     correlation_id: int,
     plan: DescribePlan,
-    our_entries: Mapping[QuotaEntity, float],
+    our_entries: Mapping[QuotaEntity, float | Mapping[str, float]],
     broker_response_body: bytes | bytearray | memoryview | None,
     throttle_time_ms: int = 0,
     *,
@@ -652,7 +694,8 @@ def encode_describe_response(
 ) -> bytes:
     """The complete framed DescribeClientQuotasResponse for the client.
 
-    ``our_entries``: pidgate's current ``producer_ids_rate`` per user entity (set values only).
+    ``our_entries``: pidgate's current values per user entity (set values only): a float is
+    ``producer_ids_rate``; a mapping holds our keys (``producer_ids_observe`` too).
     When the broker was asked and failed, its error is the answer (entries null, as Kafka sends
     errors). Otherwise: the broker's entries in its order, with any ``producer_ids_rate`` it
     reported dropped (pidgate owns that key) and ours added to the matching single-user entity;
@@ -682,20 +725,31 @@ def encode_describe_response(
             api_version, correlation_id, throttle, (plan.error_code, plan.error_message)
         )
 
-    ours = {e: v for e, v in our_entries.items() if plan.matches(e)}
+    ours = {
+        e: {PRODUCER_IDS_RATE: v} if isinstance(v, int | float) else v
+        for e, v in our_entries.items()
+        if plan.matches(e)
+    }
+
+    def our_values(entity: QuotaEntity) -> list[Any]:
+        return [
+            Resp.EntryData.ValueData(key=key, value=float(value))
+            for key, value in ours.pop(entity).items()
+        ]
+
     entries: list[Any] = []
     for entry in broker_entries:
-        values = [v for v in entry.values or () if str(v.key) != PRODUCER_IDS_RATE]
+        values = [v for v in entry.values or () if str(v.key) not in OUR_KEYS]
         entity = _user_entity(_components(entry.entity or ()))
         if entity is not None and entity in ours:
-            values.append(Resp.EntryData.ValueData(key=PRODUCER_IDS_RATE, value=ours.pop(entity)))
+            values += our_values(entity)
         if values:
             entries.append(Resp.EntryData(entity=list(entry.entity or ()), values=values))
     for entity in sorted(ours, key=_sort_key):
         entries.append(
             Resp.EntryData(
                 entity=[Resp.EntryData.EntityData(entity_type=USER, entity_name=entity.user)],
-                values=[Resp.EntryData.ValueData(key=PRODUCER_IDS_RATE, value=float(ours[entity]))],
+                values=our_values(entity),
             )
         )
     response_out = Resp(

@@ -1,6 +1,7 @@
 """The gate between a decoded Produce request and the quota manager: which principal pays,
 which error code a rejected client gets, and the seam through which decisions are observed
-(logs now; metrics and the event log plug in as further ``DecisionObserver``s).
+(logs now; metrics and the event log plug in as further ``DecisionObserver``s). A principal in
+observe mode gets ``WouldReject`` where enforcement would reject (proxy/observe.py).
 
 Owns: ``Gatekeeper`` (including the quota failure policy: what happens to a Produce request when
 the quota manager itself raises), ``rejection_error_code``, the ``DecisionObserver`` protocol.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from pidgate.protocol.produce import ProduceRequestSummary
+from pidgate.proxy.observe import WouldReject, record_would_reject, would_reject_observers
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
 
 
@@ -89,6 +91,7 @@ class Gatekeeper:
     ) -> None:
         self.quota = quota
         self._observers = tuple(observers)
+        self._would_reject_observers = would_reject_observers(self._observers)
         self._on_observer_error = on_observer_error
         self.observer_errors = 0
         #: Read on every failure, so a config reload may change them.
@@ -103,7 +106,9 @@ class Gatekeeper:
         #: a replay of the event log (the backtest) decides at the same instants.
         self.decided_at_ms = 0
 
-    def check(self, context: ProduceContext, request: ProduceRequestSummary) -> Decision | None:
+    def check(
+        self, context: ProduceContext, request: ProduceRequestSummary
+    ) -> Decision | WouldReject | None:
         """None when the request carries no PID (never throttled), else the quota decision;
         see :meth:`check_producer_ids`."""
         return self.check_producer_ids(context, request.producer_ids(), lambda: request)
@@ -115,26 +120,42 @@ class Gatekeeper:
         summarize: Callable[[], ProduceRequestSummary],
         *,
         report_rejection: bool = True,
-    ) -> Decision | None:
+    ) -> Decision | WouldReject | None:
         """The quota decision for a Produce carrying ``producer_ids`` (duplicates allowed);
-        None when it carries none (never throttled). ``summarize`` builds the request's full
-        summary, asked for only when an observer is told (a new, refreshed, grandfathered or
-        rejected PID): the steady state of known PIDs never builds it.
+        None when it carries none (never throttled); ``WouldReject`` (forward it) where the
+        principal is in observe mode and enforcement would reject it. ``summarize`` builds the
+        request's full summary, asked for only when an observer is told (a new, refreshed,
+        grandfathered or rejected PID): the steady state of known PIDs never builds it.
 
         Should the quota manager raise, the failure policy decides instead: None (forward, fail
         open) or a ``Rejected`` of ``failure_throttle_ms`` (fail closed). Either way the error
         goes to ``on_quota_error`` and observers are not told (no quota decision was made).
 
         ``report_rejection=False``: a held request asked again (waiting_room.py); its wait was
-        reported when it was first rejected, so a rejection again is not news."""
+        reported when it was first rejected, so a rejection again is not news (nor is a
+        would-be rejection when its principal was switched to observe meanwhile)."""
         if not producer_ids:
             return None
         self.decided_at_ms = now_ms = time.time_ns() // 1_000_000  # quota_clock_ms(), inline
         try:
             decision = self.quota.admit(context.principal, producer_ids, now_ms)
         except Exception as error:  # a bug in the quota subsystem: the policy says what now
-            return self._quota_failed(error, frozenset(producer_ids))
+            failed = self._quota_failed(error, frozenset(producer_ids))
+            # Observe mode forwards every request, also one the failure policy would refuse.
+            observes = failed is not None and self.quota.policy.observes(context.principal)
+            return None if observes else failed
         self.last_decision_failed = False
+        if isinstance(decision, Rejected) and self.quota.policy.observes(context.principal):
+            if not report_rejection:
+                return WouldReject(decision)
+            return record_would_reject(
+                self.quota,
+                context,
+                decision,
+                summarize,
+                self._would_reject_observers,
+                self._observer_failed,
+            )
         if not self._observers:
             return decision
         if isinstance(decision, Rejected):
@@ -150,11 +171,15 @@ class Gatekeeper:
             for observer in self._observers:
                 try:
                     observer.on_decision(context, request, decision)
-                except Exception as error:  # observers (logs, metrics, event log) never
-                    self.observer_errors += 1  # change what happens to the request itself
-                    if self._on_observer_error is not None:
-                        self._on_observer_error(observer, error)
+                except Exception as error:
+                    self._observer_failed(observer, error)
         return decision
+
+    def _observer_failed(self, observer: object, error: Exception) -> None:
+        # Observers (logs, metrics, event log) never change what happens to the request.
+        self.observer_errors += 1
+        if self._on_observer_error is not None:
+            self._on_observer_error(observer, error)  # type: ignore[arg-type]
 
     def _quota_failed(self, error: Exception, producer_ids: frozenset[int]) -> Rejected | None:
         self.quota_failures += 1
@@ -178,6 +203,7 @@ __all__ = [
     "ProduceContext",
     "QuotaFailurePolicy",
     "Rejected",
+    "WouldReject",
     "monotonic_ms",
     "quota_clock_ms",
     "rejection_error_code",

@@ -32,7 +32,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import cast
+from typing import Any, cast
 
 from pidgate.protocol.api_versions import (
     NOT_FORWARDED_APIS,
@@ -64,6 +64,7 @@ from pidgate.protocol.produce import (
 from pidgate.proxy.admission import (
     ProduceContext,
     Rejected,
+    WouldReject,
     monotonic_ms,
     quota_clock_ms,
     rejection_error_code,
@@ -844,6 +845,8 @@ class ClientConnection(asyncio.BufferedProtocol):
                 ):
                     self._reject(api_version, correlation_id, summary(), decision, context)
                 return None
+            if isinstance(decision, WouldReject):  # observe mode: forwarded (observe.py)
+                self._log_throttled(context, decision.rejected, event="pid_would_throttle")
             if guard.withheld:
                 guard.admitted(summary())
         if acks == 0:
@@ -915,10 +918,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         """Answer a Produce the quota rejected: the throttle sent (and the mute) is capped by
         ``rejection.max_throttle_time_ms`` so that a client keeps retrying within its delivery
         budget (KIP-91) and each retry is judged again."""
+        error_code = self._error_code(context)
         settings = self._settings.rejection
-        error_code = rejection_error_code(
-            context.client_software_name, settings.error_codes, context.client_id
-        )
         throttle_time_ms = min(decision.throttle_time_ms, settings.max_throttle_time_ms)
         self._log_throttled(
             context, decision, throttle_time_ms=throttle_time_ms, error_code=error_code
@@ -971,10 +972,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._log_throttled(context, decision, held_for_at_most_ms=hold_ms)
         return True
 
-    def _log_throttled(self, context: ProduceContext, decision: Rejected, **fields: int) -> None:
-        """``pid_throttled``: one line per throttled Produce (rate-limited per principal)."""
+    def _log_throttled(self, context: ProduceContext, decision: Rejected, **fields: Any) -> None:
+        """``pid_throttled`` (or ``event``: ``pid_would_throttle``): one line per throttled
+        Produce, rate-limited per principal and event."""
         self._context.log.warning(
-            "pid_throttled",
+            fields.pop("event", "pid_throttled"),
             key=context.principal,
             principal=context.principal,
             client_id=context.client_id,
@@ -1018,18 +1020,15 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._held = None
         if self.closed:
             return
-        settings = self._settings.rejection
         context = held.context
-        error_code = rejection_error_code(
-            context.client_software_name, settings.error_codes, context.client_id
-        )
+        error_code = self._error_code(context)
         now_ms = monotonic_ms()
         wait_ms = max(held.wait_until_ms - now_ms, 0)
         if tokens_ahead:
             wait_ms = self._context.gatekeeper.quota.time_until_refilled_ms(
                 held.principal, tokens_ahead + held.tokens_needed, quota_clock_ms()
             )
-        throttle_time_ms = min(wait_ms, settings.max_hold_throttle_time_ms)
+        throttle_time_ms = min(wait_ms, self._settings.rejection.max_hold_throttle_time_ms)
         self._context.log.info(
             "produce_hold_expired",
             key=context.principal,
@@ -1061,10 +1060,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         """Answer a Produce that would overtake a batch rejected on this connection, as the
         broker would have failed it: the same code, the rest of the same throttle, no new mute
         (the rejection it follows already muted the connection), nothing charged."""
-        settings = self._settings.rejection
-        error_code = rejection_error_code(
-            context.client_software_name, settings.error_codes, context.client_id
-        )
+        error_code = self._error_code(context)
         now_ms = monotonic_ms()
         throttle_time_ms = max(0, self._throttled_until_ms - now_ms)
         self._order_guard.rejected(produce, now_ms)
@@ -1080,6 +1076,10 @@ class ClientConnection(asyncio.BufferedProtocol):
             error_code=error_code,
         )
         self._answer_rejected(api_version, correlation_id, produce, error_code, throttle_time_ms)
+
+    def _error_code(self, context: ProduceContext) -> int:
+        codes = self._settings.rejection.error_codes
+        return rejection_error_code(context.client_software_name, codes, context.client_id)
 
     def _answer_rejected(
         self,

@@ -19,6 +19,9 @@ One line per event, fields always present in this order (null where not applicab
 * ``rejected``: one per unknown PID of a rejected Produce request
   (``Rejected.unknown_producer_ids``), ``throttle_ms`` = the time until the quota had the tokens
   (the client is sent at most ``rejection.max_throttle_time_ms`` of it).
+* ``would_reject``: observe mode (proxy/observe.py): the request was forwarded, and enforcement
+  would have written these ``rejected`` lines, fields alike. Nothing was recorded in the quota,
+  so each later request of the PID is decided again until a token admits it (``admitted_new``).
 * ``init_producer_id``: one per InitProducerId the cluster answered (``record_init_producer_id``);
   topic, partition, throttle_ms and tokens null.
 
@@ -83,6 +86,7 @@ __all__ = [
     "DEFAULT_ROTATE_BYTES",
     "DEFAULT_ROTATE_INTERVAL_S",
     "EVENT_FIELDS",
+    "WOULD_REJECT",
     "EventLog",
     "EventLogStats",
     "event_file_name",
@@ -108,6 +112,8 @@ EVENT_FIELDS = (
 ADMITTED_NEW = "admitted_new"
 ADMITTED_GRANDFATHERED = "admitted_grandfathered"
 REJECTED = "rejected"
+#: Observe mode: the request was forwarded; enforcement would have rejected it (proxy/observe.py).
+WOULD_REJECT = "would_reject"
 INIT_PRODUCER_ID = "init_producer_id"
 
 DEFAULT_ROTATE_BYTES = 128 * 1024 * 1024
@@ -313,6 +319,25 @@ class EventLog:
             producer_ids = tuple(events)
         else:  # pragma: no cover - Decision is exactly these two
             return
+        self._queue_events(context, request, producer_ids, events, throttle_ms)
+
+    def on_would_reject(
+        self, context: ProduceContext, request: ProduceRequestSummary, rejected: Rejected
+    ) -> None:
+        """Observe mode: one ``would_reject`` line per PID of a request enforcement would have
+        rejected, with the fields of a ``rejected`` line (WouldRejectObserver)."""
+        producer_ids = rejected.unknown_producer_ids
+        events = dict.fromkeys(producer_ids, WOULD_REJECT)
+        self._queue_events(context, request, producer_ids, events, rejected.throttle_time_ms)
+
+    def _queue_events(
+        self,
+        context: ProduceContext,
+        request: ProduceRequestSummary,
+        producer_ids: tuple[int, ...],
+        events: dict[int, str],
+        throttle_ms: int | None,
+    ) -> None:
         if not producer_ids:
             return
         now_ms = self._now_ms()

@@ -37,7 +37,7 @@ from pidgate import __version__
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import ProduceContext
 from pidgate.proxy.waiting_room import WaitingRoom
-from pidgate.quota.manager import Admitted, Decision, PrincipalState, QuotaManager
+from pidgate.quota.manager import Admitted, Decision, PrincipalState, QuotaManager, Rejected
 from pidgate.quota.policy import user_name
 
 _T = TypeVar("_T")
@@ -110,14 +110,19 @@ class _User:
         "grandfathered_producer_ids",
         "last_seen_ms",
         "new_producer_ids",
+        "principal",
         "produce_requests_rejected",
+        "produce_requests_would_reject",
         "producer_ids_rejected",
         "producer_ids_throttled",
+        "producer_ids_would_reject",
         "throttle_time_ms",
     )
 
-    def __init__(self, now_ms: int) -> None:
+    def __init__(self, now_ms: int, principal: str) -> None:
         self.last_seen_ms = now_ms
+        #: The ``principal`` label: the principal as /state and the event log name it.
+        self.principal = principal[:_MAX_USER_LABEL_CHARS]
         self.new_producer_ids = 0
         self.grandfathered_producer_ids = 0
         self.producer_ids_rejected = 0
@@ -125,6 +130,9 @@ class _User:
         self.producer_ids_throttled = 0
         self.produce_requests_rejected = 0
         self.throttle_time_ms = 0
+        #: Observe mode: what enforcement would have rejected (forwarded instead).
+        self.producer_ids_would_reject = 0
+        self.produce_requests_would_reject = 0
 
 
 #: Grandfathering modes, strictest first (``pidgate_grandfather_mode``).
@@ -135,17 +143,19 @@ class _QuotaAggregate:
     """Snapshot values of the principals behind one label (several when names collide after
     ``User:`` stripping, many for ``__other__``)."""
 
-    __slots__ = ("false_positive_rate", "grandfather_mode", "layers", "rate", "tokens")
+    __slots__ = ("false_positive_rate", "grandfather_mode", "layers", "observe", "rate", "tokens")
 
-    def __init__(self, state: PrincipalState) -> None:
+    def __init__(self, state: PrincipalState, observe: bool) -> None:
+        self.observe = observe
         self.rate = state.producer_ids_rate
         self.tokens = state.tokens
         self.layers = state.layer_count
         self.false_positive_rate = state.estimated_false_positive_rate
         self.grandfather_mode = state.grandfather_mode
 
-    def merge(self, state: PrincipalState) -> None:
+    def merge(self, state: PrincipalState, observe: bool) -> None:
         # Layers add up; for the rest the worst case is what an operator needs to see.
+        self.observe = self.observe or observe
         self.rate = max(self.rate, state.producer_ids_rate)
         self.tokens = min(self.tokens, state.tokens)
         self.layers += state.layer_count
@@ -261,7 +271,7 @@ class ProxyMetrics:
         # -- per user --
         # Least recently seen first, so idle users are popped from the front in O(1).
         self._users: OrderedDict[str, _User] = OrderedDict()
-        self._other = _User(0)
+        self._other = _User(0, OTHER_USER)
         self._other_used = False
         self._producer_ids_refreshed = 0
         # -- the PID frontier (grandfathering): latest probe --
@@ -378,7 +388,7 @@ class ProxyMetrics:
     ) -> None:
         now = self._now_ms()
         key = _user_key(context.principal)
-        user = self._user(key, now)
+        user = self._user(key, now, context.principal)
         waiting = self._waiting
         if isinstance(decision, Admitted):
             new_ids = decision.new_producer_ids
@@ -430,7 +440,16 @@ class ProxyMetrics:
                 self._on_long_wait(principal, pid, waited_ms, threshold_ms)
         return first_ms * 4 + reported
 
-    def _user(self, key: str, now: int) -> _User:
+    def on_would_reject(
+        self, context: ProduceContext, request: ProduceRequestSummary, rejected: Rejected
+    ) -> None:
+        """Observe mode: a request enforcement would have rejected was forwarded
+        (WouldRejectObserver); no wait starts, the PID is not throttled."""
+        user = self._user(_user_key(context.principal), self._now_ms(), context.principal)
+        user.produce_requests_would_reject += 1
+        user.producer_ids_would_reject += len(rejected.unknown_producer_ids)
+
+    def _user(self, key: str, now: int, principal: str) -> _User:
         users = self._users
         user = users.get(key)
         if user is not None:
@@ -439,7 +458,7 @@ class ProxyMetrics:
             return user
         self._forget_idle_users(now)
         if len(users) < self._max_user_labels:
-            user = users[key] = _User(now)
+            user = users[key] = _User(now, principal)
             return user
         self._other_used = True
         self._other.last_seen_ms = now
@@ -454,7 +473,7 @@ class ProxyMetrics:
                 break
             del users[key]
         if self._other_used and self._other.last_seen_ms <= horizon:
-            self._other = _User(0)
+            self._other = _User(0, OTHER_USER)
             self._other_used = False
 
     def _forget_old_waits(self, now: int) -> None:
@@ -480,25 +499,26 @@ class ProxyMetrics:
         # Two passes, neither keeping a state per principal past its step: a scrape's garbage
         # stays young (100k states kept alive until the end set off a full collection).
         names = self._quota.principal_names()
-        keys: list[str] = []
+        keys: list[tuple[str, str]] = []
         for start in range(0, len(names), step_principals):
-            keys += [_user_key(name) for name in names[start : start + step_principals]]
+            keys += [(_user_key(name), name) for name in names[start : start + step_principals]]
             yield
         users = self._users
-        for key in keys:  # idlest first, so move_to_end keeps the recency order
+        for key, _ in keys:  # idlest first, so move_to_end keeps the recency order
             user = users.get(key)
             if user is not None:
                 user.last_seen_ms = now
                 users.move_to_end(key)
         self._forget_idle_users(now)
-        for key in reversed(keys):  # free label slots go to the most recently active
+        for key, name in reversed(keys):  # free label slots go to the most recently active
             if len(users) >= self._max_user_labels:
                 break
             if key not in users:
-                users[key] = _User(now)
+                users[key] = _User(now, name)
                 users.move_to_end(key, last=False)
         del keys
         by_label: dict[str, _QuotaAggregate] = {}
+        policy = self._quota.policy
         # The names labelled above, so a principal tracked since is not filed under __other__.
         for step in self._quota.snapshot_in_steps(now, step_principals, names):
             yield
@@ -506,10 +526,11 @@ class ProxyMetrics:
                 key = _user_key(state.principal)
                 label = key if key in users else OTHER_USER
                 aggregate = by_label.get(label)
+                observe = policy.observes(state.principal)
                 if aggregate is None:
-                    by_label[label] = _QuotaAggregate(state)
+                    by_label[label] = _QuotaAggregate(state, observe)
                 else:
-                    aggregate.merge(state)
+                    aggregate.merge(state, observe)
         return by_label
 
     def render_in_steps(
@@ -581,31 +602,38 @@ class ProxyMetrics:
             "pidgate_producer_ids_rate",
             "KIP-936 producer_ids_rate: new producer IDs a user may activate per quota window "
             "(unlimited users absent)",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         tokens = GaugeMetricFamily(
             "pidgate_producer_ids_tokens",
             "KIP-936: new producer IDs the user may activate right now (token bucket level; "
             "__other__ holds the lowest)",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         layers = GaugeMetricFamily(
             "pidgate_bloom_layers",
             "Live Bloom filter layers holding the user's producer IDs (__other__: the sum)",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         false_positive = GaugeMetricFamily(
             "pidgate_bloom_false_positive_rate_estimate",
             "Estimated chance that a new producer ID passes as known, free of quota "
             "(__other__: the highest)",
-            labels=["user"],
+            labels=["user", "principal"],
+        )
+        observe = GaugeMetricFamily(
+            "pidgate_quota_observe",
+            "1 when the user is in observe mode (would-be throttles recorded, every request "
+            "forwarded), 0 when enforced; __other__: 1 if any user behind it observes",
+            labels=["user", "principal"],
         )
         for done, (label, aggregate) in enumerate(quota_by_label.items(), 1):
+            observe.add_metric(self._label_values(label), int(aggregate.observe))
             if label != OTHER_USER:  # rates of unrelated users do not aggregate
-                rate.add_metric([label], aggregate.rate)
-            tokens.add_metric([label], aggregate.tokens)
-            layers.add_metric([label], aggregate.layers)
-            false_positive.add_metric([label], aggregate.false_positive_rate)
+                rate.add_metric(self._label_values(label), aggregate.rate)
+            tokens.add_metric(self._label_values(label), aggregate.tokens)
+            layers.add_metric(self._label_values(label), aggregate.layers)
+            false_positive.add_metric(self._label_values(label), aggregate.false_positive_rate)
             if done % step_labels == 0:
                 yield
         throttle = GaugeMetricFamily(
@@ -613,43 +641,59 @@ class ProxyMetrics:
             "KIP-936's throttle time (ms in the KIP, seconds here): of the user's latest quota "
             "decision "
             "(0 after an admission; __other__: the latest of any user beyond the label cap)",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         new_ids = CounterMetricFamily(
             "pidgate_producer_ids_new",
             "Producer IDs admitted as new (a token taken each)",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         rejected_ids = CounterMetricFamily(
             "pidgate_producer_ids_rejected",
             "Producer IDs in rejected Produce requests (a PID retried n times counts n times; "
             "distinct PIDs: pidgate_producer_ids_throttled_total)",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         throttled_ids = CounterMetricFamily(
             "pidgate_producer_ids_throttled",
             "Distinct producer IDs rejected: counted at a PID's first rejection, not at its "
             "retries",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         rejected_requests = CounterMetricFamily(
             "pidgate_produce_requests_rejected",
             "Produce requests answered with a throttling error",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         grandfathered = CounterMetricFamily(
             "pidgate_producer_ids_grandfathered",
             "Producer IDs admitted without a token because the cluster allocated them before "
             "the user's enforcement began (below the PID frontier, or learning mode)",
-            labels=["user"],
+            labels=["user", "principal"],
+        )
+        would_reject_ids = CounterMetricFamily(
+            "pidgate_producer_ids_would_reject",
+            "Observe mode: producer IDs in Produce requests enforcement would have rejected, "
+            "forwarded instead (a PID counts at each such request until a token admits it)",
+            labels=["user", "principal"],
+        )
+        would_reject_requests = CounterMetricFamily(
+            "pidgate_produce_requests_would_reject",
+            "Observe mode: Produce requests enforcement would have rejected (or held), "
+            "forwarded instead",
+            labels=["user", "principal"],
         )
         for done, (label, user) in enumerate(labelled, 1):
-            throttle.add_metric([label], user.throttle_time_ms / 1000)
-            new_ids.add_metric([label], user.new_producer_ids)
-            grandfathered.add_metric([label], user.grandfathered_producer_ids)
-            rejected_ids.add_metric([label], user.producer_ids_rejected)
-            throttled_ids.add_metric([label], user.producer_ids_throttled)
-            rejected_requests.add_metric([label], user.produce_requests_rejected)
+            would_reject_ids.add_metric(self._label_values(label), user.producer_ids_would_reject)
+            would_reject_requests.add_metric(
+                self._label_values(label), user.produce_requests_would_reject
+            )
+            throttle.add_metric(self._label_values(label), user.throttle_time_ms / 1000)
+            new_ids.add_metric(self._label_values(label), user.new_producer_ids)
+            grandfathered.add_metric(self._label_values(label), user.grandfathered_producer_ids)
+            rejected_ids.add_metric(self._label_values(label), user.producer_ids_rejected)
+            throttled_ids.add_metric(self._label_values(label), user.producer_ids_throttled)
+            rejected_requests.add_metric(self._label_values(label), user.produce_requests_rejected)
             if done % step_labels == 0:
                 yield
         mode = GaugeMetricFamily(
@@ -657,10 +701,10 @@ class ProxyMetrics:
             "1 for the user's grandfathering mode now: frontier (PIDs below the frontier pass "
             "free), pending (probe in flight), learning (no frontier: unknown PIDs pass free), "
             "off (grace over); __other__: the most lenient",
-            labels=["user", "mode"],
+            labels=["user", "principal", "mode"],
         )
         for done, (label, aggregate) in enumerate(quota_by_label.items(), 1):
-            mode.add_metric([label, aggregate.grandfather_mode], 1)
+            mode.add_metric([*self._label_values(label), aggregate.grandfather_mode], 1)
             if done % step_labels == 0:
                 yield
         return [
@@ -672,6 +716,9 @@ class ProxyMetrics:
             rejected_ids,
             throttled_ids,
             rejected_requests,
+            would_reject_ids,
+            would_reject_requests,
+            observe,
             CounterMetricFamily(
                 "pidgate_producer_ids_refreshed",
                 "Known producer IDs re-added to the newest Bloom layer (seen in decisions that "
@@ -682,6 +729,12 @@ class ProxyMetrics:
             false_positive,
             mode,
         ]
+
+    def _label_values(self, label: str) -> list[str]:
+        """``user`` and ``principal`` label values of a label key: one principal is found by
+        one string on every surface (``principal`` as in /state and the event log)."""
+        user = self._other if label == OTHER_USER else self._users.get(label)
+        return [label, user.principal if user is not None else f"User:{label}"]
 
     def _collect_operations(self) -> Iterator[Metric]:
         """Build information, quota failures and the event log's counters."""
@@ -764,34 +817,36 @@ class ProxyMetrics:
             "pidgate_producer_id_wait_seconds_max",
             "Longest time a currently rejected producer ID has been waiting since its first "
             "rejection (KIP-91: clients fail records after delivery.timeout.ms, 120 s default)",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         waiting = GaugeMetricFamily(
             "pidgate_producer_ids_waiting",
             "Producer IDs rejected and not admitted since",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         waiting_over_half = GaugeMetricFamily(
             "pidgate_producer_ids_waiting_over_half_delivery_timeout",
             "Rejected producer IDs waiting longer than half of delivery.timeout.ms (KIP-91, "
             "120 s by default): raise the quota now, or their clients soon fail records",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         waiting_over = GaugeMetricFamily(
             "pidgate_producer_ids_waiting_over_delivery_timeout",
             "Rejected producer IDs waiting longer than delivery.timeout.ms (KIP-91): their "
             "clients have started failing records",
-            labels=["user"],
+            labels=["user", "principal"],
         )
         labels = [label for label, _ in labelled]
         if OTHER_USER in oldest and not self._other_used:
             labels.append(OTHER_USER)  # waits of users whose label was freed while idle
         for label in labels:
             first = oldest.get(label)
-            wait_max.add_metric([label], 0.0 if first is None else (now - first) / 1000)
-            waiting.add_metric([label], count.get(label, 0))
-            waiting_over_half.add_metric([label], over_half.get(label, 0))
-            waiting_over.add_metric([label], over.get(label, 0))
+            wait_max.add_metric(
+                self._label_values(label), 0.0 if first is None else (now - first) / 1000
+            )
+            waiting.add_metric(self._label_values(label), count.get(label, 0))
+            waiting_over_half.add_metric(self._label_values(label), over_half.get(label, 0))
+            waiting_over.add_metric(self._label_values(label), over.get(label, 0))
         yield wait_max
         yield waiting
         yield waiting_over_half

@@ -2,13 +2,14 @@
 ``pidgate quotas set --user alice --producer-ids-rate 50``, AdminClient
 alter/describeClientQuotas and ``kafka-configs --describe`` work against pidgate.
 
-pidgate answers the ``producer_ids_rate`` part of DescribeClientQuotas / AlterClientQuotas
-itself; every other key goes to the broker; a request mixing both is split, and the broker's
-answer merged with pidgate's (``protocol.client_quotas``). This module turns a request into a
-plan the connection executes: a local response, or a frame to forward plus a ``merge`` that
-builds the client's response from the broker's.
+pidgate answers the ``producer_ids_rate`` and ``producer_ids_observe`` (observe mode) part of
+DescribeClientQuotas / AlterClientQuotas itself; every other key goes to the broker; a request
+mixing both is split, and the broker's answer merged with pidgate's
+(``protocol.client_quotas``). This module turns a request into a plan the connection
+executes: a local response, or a frame to forward plus a ``merge`` that builds the client's
+response from the broker's.
 
-Owns: ``QuotaAdmin``, ``QuotaOverrides`` (runtime changes layered over the config file).
+Owns: ``QuotaAdmin``, ``EffectiveQuotas`` (what is in force: rates, and modes alongside).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pidgate.config import DEFAULT_USER_ENTITY
 from pidgate.protocol.client_quotas import (
     ALTER_CLIENT_QUOTAS_KEY,
     DESCRIBE_CLIENT_QUOTAS_KEY,
+    PRODUCER_IDS_OBSERVE,
+    PRODUCER_IDS_RATE,
     QuotaChange,
     QuotaEntity,
     changes_to_apply,
@@ -43,6 +46,16 @@ def entity_key(entity: QuotaEntity) -> str:
 
 def entity_for(user_key: str) -> QuotaEntity:
     return QuotaEntity.default() if user_key == DEFAULT_USER_ENTITY else QuotaEntity.named(user_key)
+
+
+class EffectiveQuotas(dict[str, int]):
+    """``producer_ids_rate`` in force per user key ("<default>" or a name), as a plain dict;
+    ``observe`` holds ``producer_ids_observe`` per user key where set (True observe, False
+    enforce). Riding on the rates keeps QuotaAdmin's one source of what is in force."""
+
+    def __init__(self, rates: Mapping[str, int], observe: Mapping[str, bool]) -> None:
+        super().__init__(rates)
+        self.observe = dict(observe)
 
 
 @dataclass(frozen=True)
@@ -127,8 +140,13 @@ class QuotaAdmin:
 
         return QuotaPlan(forward_frame=frame(header + plan.forward_body), merge=merge)
 
-    def _ours(self) -> dict[QuotaEntity, float]:
-        return {entity_for(user): float(rate) for user, rate in self._effective_rates().items()}
+    def _ours(self) -> dict[QuotaEntity, dict[str, float]]:
+        rates = self._effective_rates()
+        ours = {entity_for(user): {PRODUCER_IDS_RATE: float(rate)} for user, rate in rates.items()}
+        observe = rates.observe if isinstance(rates, EffectiveQuotas) else {}
+        for user, flag in observe.items():
+            ours.setdefault(entity_for(user), {})[PRODUCER_IDS_OBSERVE] = float(flag)
+        return ours
 
 
 def _response_body(response: bytes, api_key: int, api_version: int) -> bytes:

@@ -5,7 +5,10 @@ runtime overrides (AlterClientQuotas / kafka-configs, or another pidgate through
 store). An override of ``None`` removes the user's quota, as ``--delete-config`` does. Overrides
 win over the file, also after a SIGHUP reload of the file (Kafka's dynamic configs win over
 static ones too). Every change reaches the quota manager at once, so it applies to open
-connections on the next new PID.
+connections on the next new PID. The enforcement mode (``producer_ids_observe``: observe or
+enforce, proxy/observe.py) is overlaid the same way over ``quota.mode`` and
+``quota.users.<name>.mode``; mode overrides are saved with the rate overrides (state.path)
+but not shared through the shared store.
 
 Owns: ``QuotaControl`` (policy building, overrides, /state view). The quota manager itself is
 pure (``pidgate.quota``); persistence and the shared store plug in through callbacks.
@@ -18,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pidgate.config import DEFAULT_USER_ENTITY, Settings
-from pidgate.protocol.client_quotas import QuotaChange
+from pidgate.protocol.client_quotas import PRODUCER_IDS_OBSERVE, QuotaChange
 from pidgate.proxy.logs import get_logger
-from pidgate.proxy.quota_admin import entity_key
+from pidgate.proxy.quota_admin import EffectiveQuotas, entity_key
 from pidgate.proxy.state_file import load_or_start_clean, write_state_atomically
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import QuotaManager
@@ -32,7 +35,7 @@ from pidgate.quota.persistence import (
     encode_state,
     snapshot_state,
 )
-from pidgate.quota.policy import QuotaPolicy
+from pidgate.quota.policy import ENFORCE, OBSERVE, QuotaPolicy, user_name
 
 #: Called after overrides changed locally: (user key, rate or None). The shared store publishes.
 OverrideListener = Callable[[str, int | None], None]
@@ -48,10 +51,13 @@ class QuotaControl:
         now_ms: Callable[[], int],
         manager: QuotaManager | None = None,
         overrides: Mapping[str, int | None] | None = None,
+        mode_overrides: Mapping[str, bool | None] | None = None,
     ) -> None:
         self._settings = settings
         self._now_ms = now_ms
         self.overrides: dict[str, int | None] = dict(overrides or {})
+        #: producer_ids_observe set at run time: True observe, False enforce, None removed.
+        self.mode_overrides: dict[str, bool | None] = dict(mode_overrides or {})
         self.manager = manager or QuotaManager(self.policy())
         if manager is not None:
             self.manager.update_policy(self.policy(), now_ms())
@@ -69,8 +75,9 @@ class QuotaControl:
     def now(self) -> int:
         return self._now_ms()
 
-    def effective_rates(self) -> dict[str, int]:
-        """user key ("<default>" or a name) -> producer_ids_rate in force."""
+    def effective_rates(self) -> EffectiveQuotas:
+        """user key ("<default>" or a name) -> producer_ids_rate in force; its ``observe``:
+        user key -> producer_ids_observe set (file or override)."""
         rates = {
             user: quota.producer_ids_rate
             for user, quota in self._settings.quota.users.items()
@@ -81,7 +88,20 @@ class QuotaControl:
                 rates.pop(user, None)
             else:
                 rates[user] = rate
-        return rates
+        return EffectiveQuotas(rates, observe=self.effective_modes())
+
+    def effective_modes(self) -> dict[str, bool]:
+        """user key ("<default>" or a name) -> True (observe) / False (enforce), where set."""
+        quota = self._settings.quota
+        modes = dict(quota.user_observe)
+        if quota.default_observe is not None:
+            modes[DEFAULT_USER_ENTITY] = quota.default_observe
+        for user, observe in self.mode_overrides.items():
+            if observe is None:
+                modes.pop(user, None)
+            else:
+                modes[user] = observe
+        return modes
 
     def _update_policy(self) -> None:
         began = self.manager.update_policy(self.policy(), self._now_ms())
@@ -92,8 +112,10 @@ class QuotaControl:
 
     def policy(self) -> QuotaPolicy:
         quota = self._settings.quota
-        rates = self.effective_rates()
+        rates = dict(self.effective_rates())
         default = rates.pop(DEFAULT_USER_ENTITY, None)
+        modes = self.effective_modes()
+        default_observe = modes.pop(DEFAULT_USER_ENTITY, None)
         return QuotaPolicy(
             window_ms=quota.window_ms,
             window_num=quota.window_num,
@@ -103,6 +125,8 @@ class QuotaControl:
             max_principals=quota.max_principals,
             max_total_bits=quota.max_total_bits,
             grandfather_grace_ms=quota.grandfather_grace_ms,
+            default_observe=default_observe,
+            user_observe=modes,
         )
 
     def apply_changes(
@@ -113,10 +137,18 @@ class QuotaControl:
             return {}
         for _, change in changes:
             user = entity_key(change.entity)
-            self.overrides[user] = change.rate
+            if change.key == PRODUCER_IDS_OBSERVE:
+                observe = change.observe
+                self.mode_overrides[user] = observe
+                mode = None if observe is None else OBSERVE if observe else ENFORCE
+                get_logger().info("quota_mode_changed", user=user, mode=mode)
+            else:
+                self.overrides[user] = change.rate
         self._update_policy()
         self.changes_applied += len(changes)
         for _, change in changes:
+            if change.key == PRODUCER_IDS_OBSERVE:
+                continue  # modes are not shared through the shared store
             for listener in self.listeners:
                 listener(entity_key(change.entity), change.rate)
         return {}
@@ -137,9 +169,14 @@ class QuotaControl:
     def state(self) -> dict[str, Any]:
         """Read-only view for /state: quotas in force, principals, layers, memory."""
         now_ms = self._now_ms()
+        policy = self.manager.policy
         principals = [
             {
                 "principal": p.principal,
+                "user": user_name(p.principal),
+                "mode": policy.mode_for(p.principal),
+                "would_reject_requests": p.would_reject_requests,
+                "would_reject_producer_ids": p.would_reject_producer_ids,
                 "producer_ids_rate": p.producer_ids_rate,
                 "tokens": round(p.tokens, 3),
                 "layers": p.layer_count,
@@ -153,10 +190,15 @@ class QuotaControl:
             for p in self.manager.snapshot(now_ms)
         ]
         quota = self._settings.quota
+        modes = self.effective_modes()
         return {
             "quotas": {
-                "producer_ids_rate": self.effective_rates(),
+                # The mode of users without one of their own (users.<default>, quota.mode).
+                "mode": OBSERVE if modes.get(DEFAULT_USER_ENTITY) else ENFORCE,
+                "producer_ids_rate": dict(self.effective_rates()),
+                "producer_ids_observe": modes,
                 "overrides": self.overrides,
+                "mode_overrides": self.mode_overrides,
                 "window_seconds": quota.window_size_seconds,
                 "window_num": quota.window_num,
                 "false_positive_rate": quota.false_positive_rate,
@@ -197,12 +239,18 @@ def open_quota_control(settings: Settings, now_ms: Callable[[], int]) -> QuotaCo
         return control
     base_policy = control.policy()  # no overrides yet: load_state layers the saved ones on top
     manager, overrides = load_or_start_clean(path, base_policy, now_ms(), get_logger())
-    return QuotaControl(settings, now_ms, manager=manager, overrides=dict(overrides))
+    return QuotaControl(
+        settings, now_ms, manager=manager, overrides=dict(overrides), mode_overrides=overrides.modes
+    )
 
 
 def snapshot_for_saving(control: QuotaControl) -> StateSnapshot:
     """The fast half of saving: a copy of the state, taken on the event loop."""
-    return snapshot_state(control.manager, control.now(), QuotaOverrides(control.overrides))
+    return snapshot_state(control.manager, control.now(), _overrides(control))
+
+
+def _overrides(control: QuotaControl) -> QuotaOverrides:
+    return QuotaOverrides(control.overrides, control.mode_overrides)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +277,7 @@ def encode_for_saving_in_steps(
         parts.append(encode_principals(step))
         count += len(step)
         yield
-    return EncodedSave(control.now(), QuotaOverrides(control.overrides), count, b"".join(parts))
+    return EncodedSave(control.now(), _overrides(control), count, b"".join(parts))
 
 
 def write_encoded(save: EncodedSave, settings: Settings) -> None:

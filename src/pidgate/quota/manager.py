@@ -113,6 +113,10 @@ class PrincipalState:
     frontier: int | None = None
     enforcement_began_ms: int | None = None
     grandfather_reason: str | None = None
+    #: Observe mode: Produce requests, and PIDs in them, enforcement would have rejected (since
+    #: the principal was last tracked; not persisted).
+    would_reject_requests: int = 0
+    would_reject_producer_ids: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +145,7 @@ _MAX_ACTIVATIONS = 64
 
 
 class _Principal:
-    __slots__ = ("bucket", "enforcement", "seen")
+    __slots__ = ("bucket", "enforcement", "seen", "would_reject_ids", "would_reject_requests")
 
     def __init__(
         self, seen: LayeredBloomFilter, bucket: TokenBucket, enforcement: Enforcement | None
@@ -149,6 +153,9 @@ class _Principal:
         self.seen = seen
         self.bucket = bucket
         self.enforcement = enforcement
+        #: Observe mode: requests, and PIDs in them, enforcement would have rejected.
+        self.would_reject_requests = 0
+        self.would_reject_ids = 0
 
 
 def _principal_state(name: str, state: _Principal, now_ms: int) -> PrincipalState:
@@ -164,6 +171,8 @@ def _principal_state(name: str, state: _Principal, now_ms: int) -> PrincipalStat
         frontier=enforcement.frontier if enforcement is not None else None,
         enforcement_began_ms=enforcement.began_ms if enforcement is not None else None,
         grandfather_reason=enforcement.reason if enforcement is not None else None,
+        would_reject_requests=state.would_reject_requests,
+        would_reject_producer_ids=state.would_reject_ids,
     )
 
 
@@ -314,6 +323,14 @@ class QuotaManager:
         return state.seen.contains(producer_id, now_ms)
 
     # -- decisions -------------------------------------------------------------------------
+
+    def note_would_reject(self, principal: str, producer_id_count: int) -> None:
+        """Observe mode: a request of ``principal`` that ``admit`` rejected was forwarded
+        anyway; counted for ``/state`` (nothing else changes: the PIDs stay unknown)."""
+        state = self._principals.get(principal)
+        if state is not None:
+            state.would_reject_requests += 1
+            state.would_reject_ids += producer_id_count
 
     def admit(
         self,

@@ -9,12 +9,12 @@ means the same in the next.
 Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
 pidgate package.
 
-Format, version 3 (integers in the header big-endian). Versions 1 and 2 still load: their
-principals had one Bloom shape for all layers (version 1: and no enforcement, so no
-grandfathering); those layers load in that shape and are read, never written again::
+Format, version 4 (integers in the header big-endian). Versions 1 to 3 still load: versions 1
+and 2 had one Bloom shape for all layers of a principal (version 1: and no enforcement, so no
+grandfathering), read in that shape and never written again; before 4 no mode overrides::
 
     magic    8 bytes  b"PIDGSTAT"
-    version  u16      1, 2 or FORMAT_VERSION (3); a larger one is refused (UnsupportedStateVersion)
+    version  u16      1 to FORMAT_VERSION (4); a larger one is refused (UnsupportedStateVersion)
     flags    u16      0 (reserved; any other value is refused)
     raw_len  u64      length of the body before compression
     zlen     u64      length of the compressed body that follows
@@ -30,12 +30,14 @@ length + UTF-8)::
     sv   dumped_at_ms
     uv   override count, then per override, sorted by user:
          str user ("<default>" for the default user), uv 0 (removed) | 1 then uv rate
+    (version 4) uv mode override count, then per override, sorted by user:
+         str user, uv 0 (removed) | 1 enforce | 2 observe
     uv   principal count, then per principal, idlest first:
          str principal
          uv  bucket rate, uv bucket window_ms, uv bucket level (token·ms), sv bucket updated_ms
          (versions 1, 2) uv Bloom bit_count, uv hash_count, uv expected_items: every layer's
          uv  layer count, then per layer, oldest first:
-             (version 3) uv bit_count, uv hash_count, uv expected_items: this layer's shape
+             (version >= 3) uv bit_count, uv hash_count, uv expected_items: this layer's shape
              sv start_ms, uv last_write_ms - start_ms, uv inserted_count,
              uv encoding, then the bits:
                 0 raw:    ceil(bit_count / 8) bytes, BloomFilter.to_bytes() form
@@ -87,7 +89,7 @@ __all__ = [
 ]
 
 MAGIC = b"PIDGSTAT"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: Versions before 3 saved one Bloom shape per principal, shared by all its layers.
 _SHARED_SHAPE_VERSIONS = (1, 2)
 _ENFORCEMENT_MODES: tuple[GrandfatherMode | None, ...] = (
@@ -98,6 +100,8 @@ _ENFORCEMENT_MODES: tuple[GrandfatherMode | None, ...] = (
     OFF,
 )
 DEFAULT_USER = "<default>"  # the user-default entity, as kafka-configs prints it
+#: A mode override's tag: removed, enforce, observe.
+_MODE_TAGS: tuple[bool | None, ...] = (None, False, True)
 
 _HEADER = struct.Struct(">8sHHQQ")
 _CRC = struct.Struct(">I")
@@ -136,17 +140,28 @@ class QuotaOverrides(Mapping[str, int | None]):
     ``QuotaPolicy.user_producer_ids_rates`` by user name, with :data:`DEFAULT_USER` for the
     user-default entity. A value of None records that the entity's rate was *removed*: the user
     falls back to the default rate (for :data:`DEFAULT_USER`: users without their own rate are
-    unlimited), whatever the configuration file says. Immutable; overrides win over the file."""
+    unlimited), whatever the configuration file says. Immutable; overrides win over the file.
 
-    __slots__ = ("_rates",)
+    ``modes``: ``producer_ids_observe`` set at run time, keyed the same way: True observe,
+    False enforce, None removed (the user falls back to the default user's mode, the default
+    user to enforce). Not part of the mapping (it maps rates)."""
+
+    __slots__ = ("_rates", "modes")
 
     def __init__(
-        self, rates: Mapping[str, int | None] | Iterable[tuple[str, int | None]] = ()
+        self,
+        rates: Mapping[str, int | None] | Iterable[tuple[str, int | None]] = (),
+        modes: Mapping[str, bool | None] | None = None,
     ) -> None:
         items = dict(rates)
         for user, rate in items.items():
             _check_override(user, rate)
         self._rates: Mapping[str, int | None] = MappingProxyType(items)
+        mode_items = dict(modes or {})
+        for user, observe in mode_items.items():
+            if not isinstance(user, str) or not user or observe not in (True, False, None):
+                raise ValueError(f"mode override of {user!r} must be True, False or None")
+        self.modes: Mapping[str, bool | None] = MappingProxyType(mode_items)
 
     def __getitem__(self, user: str) -> int | None:
         return self._rates[user]
@@ -158,17 +173,20 @@ class QuotaOverrides(Mapping[str, int | None]):
         return len(self._rates)
 
     def __hash__(self) -> int:
-        return hash(frozenset(self._rates.items()))
+        return hash((frozenset(self._rates.items()), frozenset(self.modes.items())))
 
     def __repr__(self) -> str:
+        if self.modes:
+            return f"QuotaOverrides({dict(self._rates)!r}, modes={dict(self.modes)!r})"
         return f"QuotaOverrides({dict(self._rates)!r})"
 
     def with_rate(self, user: str, rate: int | None) -> QuotaOverrides:
         """These overrides with ``user``'s rate set (None: removed)."""
-        return QuotaOverrides({**self._rates, user: rate})
+        return QuotaOverrides({**self._rates, user: rate}, self.modes)
 
     def apply_to(self, policy: QuotaPolicy) -> QuotaPolicy:
         """``policy`` (from the configuration) with these overrides on top."""
+        policy = _apply_modes(policy, self.modes)
         if not self._rates:
             return policy
         users = dict(policy.user_producer_ids_rates)
@@ -181,6 +199,21 @@ class QuotaOverrides(Mapping[str, int | None]):
             else:
                 users[user] = rate
         return replace(policy, default_producer_ids_rate=default, user_producer_ids_rates=users)
+
+
+def _apply_modes(policy: QuotaPolicy, modes: Mapping[str, bool | None]) -> QuotaPolicy:
+    if not modes:
+        return policy
+    users = dict(policy.user_observe)
+    default = policy.default_observe
+    for user, observe in modes.items():
+        if user == DEFAULT_USER:
+            default = observe
+        elif observe is None:
+            users.pop(user, None)
+        else:
+            users[user] = observe
+    return replace(policy, default_observe=default, user_observe=users)
 
 
 # -- snapshot and report ------------------------------------------------------------------
@@ -339,6 +372,10 @@ def assemble_state(
         else:
             w.uv(1)
             w.uv(rate)
+    w.uv(len(overrides.modes))
+    for user in sorted(overrides.modes):
+        w.text(user)
+        w.uv(_MODE_TAGS.index(overrides.modes[user]))
     w.uv(principal_count)
     w.raw(principals)
     body = w.getvalue()
@@ -429,7 +466,7 @@ def _unwrap(data: bytes) -> tuple[int, bytes]:
     _, version, flags, raw_len, zlen = _HEADER.unpack_from(data)
     if version > FORMAT_VERSION:
         raise UnsupportedStateVersion(version)
-    if version not in (*_SHARED_SHAPE_VERSIONS, FORMAT_VERSION) or flags != 0:
+    if version < 1 or flags != 0:
         raise StateFormatError(f"corrupt header: version {version}, flags {flags:#x}")
     expected = _HEADER.size + zlen + _CRC.size
     if len(data) != expected:
@@ -484,6 +521,13 @@ def decode_state(data: bytes) -> StateSnapshot:
             if tag not in (0, 1):
                 raise StateFormatError(f"override of {user!r} has unknown tag {tag}")
             overrides[user] = r.uv() if tag else None
+        modes: dict[str, bool | None] = {}
+        for _ in range(r.uv() if version >= 4 else 0):
+            user = r.text()
+            tag = r.uv()
+            if tag >= len(_MODE_TAGS):
+                raise StateFormatError(f"mode override of {user!r} has unknown tag {tag}")
+            modes[user] = _MODE_TAGS[tag]
         principals: list[PrincipalRecord] = []
         for _ in range(r.uv()):
             name = r.text()
@@ -501,7 +545,7 @@ def decode_state(data: bytes) -> StateSnapshot:
             principals.append(PrincipalRecord(name, bucket, tuple(layers), enforcement))
         if not r.at_end:
             raise StateFormatError("trailing bytes after the last principal")
-        return StateSnapshot(dumped_at_ms, QuotaOverrides(overrides), tuple(principals))
+        return StateSnapshot(dumped_at_ms, QuotaOverrides(overrides, modes), tuple(principals))
     except StateFormatError:
         raise
     except (ValueError, struct.error) as exc:

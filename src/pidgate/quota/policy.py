@@ -2,8 +2,9 @@
 
 Owns KIP-936's configuration values (``producer_ids_rate`` per user and default,
 ``producer.id.quota.window.size.seconds`` as ``window_ms``, ``producer.id.quota.window.num``,
-``producer.id.quota.cache.false.positive.rate``) plus pidgate's memory caps, and the precedence
-rule user → default → unlimited.
+``producer.id.quota.cache.false.positive.rate``) plus pidgate's memory caps, the precedence
+rule user → default → unlimited, and the enforcement mode (observe or enforce) with the same
+precedence: user → default → enforce.
 
 Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
 pidgate package (``pidgate.config`` builds a QuotaPolicy; quota never reads config).
@@ -16,7 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["USER_PREFIX", "QuotaPolicy", "user_name"]
+__all__ = ["ENFORCE", "OBSERVE", "USER_PREFIX", "QuotaPolicy", "user_name"]
+
+#: The two enforcement modes: decide and act, or decide, record and forward everything.
+ENFORCE = "enforce"
+OBSERVE = "observe"
 
 USER_PREFIX = "User:"
 
@@ -69,6 +74,10 @@ class QuotaPolicy:
     #: are admitted free (``quota.grandfather_grace_ms``); None: one layer's span,
     #: window_ms / window_num; 0 turns grandfathering off.
     grandfather_grace_ms: int | None = None
+    #: Observe mode (decide and record, but forward everything): of the default user (None:
+    #: not set, enforce) and per user name, the same keys as ``user_producer_ids_rates``.
+    default_observe: bool | None = None
+    user_observe: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if isinstance(self.window_num, bool) or self.window_num < 1:
@@ -89,6 +98,11 @@ class QuotaPolicy:
                 raise ValueError(f"user names must be non-empty strings, got {name!r}")
             _check_rate(f"producer_ids_rate of user {name!r}", rate)
         object.__setattr__(self, "user_producer_ids_rates", MappingProxyType(rates))
+        observe = dict(self.user_observe)
+        for name, flag in observe.items():
+            if not isinstance(name, str) or not name or not isinstance(flag, bool):
+                raise ValueError(f"user_observe needs user names -> bool, got {name!r}: {flag!r}")
+        object.__setattr__(self, "user_observe", MappingProxyType(observe))
         if self.max_principals < 1:
             raise ValueError(f"max_principals must be >= 1, got {self.max_principals}")
         if self.max_total_bits < 1:
@@ -141,3 +155,15 @@ class QuotaPolicy:
         if rate is not None:
             return rate
         return self.default_producer_ids_rate
+
+    def observes(self, principal: str) -> bool:
+        """Whether ``principal``'s would-be throttles are only recorded (observe mode), its
+        requests forwarded: the user's own mode, else the default user's, else enforce."""
+        flag = self.user_observe.get(user_name(principal))
+        if flag is not None:
+            return flag
+        return bool(self.default_observe)
+
+    def mode_for(self, principal: str) -> str:
+        """``"observe"`` or ``"enforce"`` for ``principal`` (see :meth:`observes`)."""
+        return OBSERVE if self.observes(principal) else ENFORCE
