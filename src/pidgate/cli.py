@@ -99,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default: none " + _env("quota", "users"),
     )
     serve.add_argument(
+        "--observe",
+        action="store_const",
+        const="observe",
+        dest="quota_mode",
+        help="observe mode: decide as enforcement would, record would-be throttles (metrics, "
+        "event log, /state) and forward every request; default: enforce " + _env("quota", "mode"),
+    )
+    serve.add_argument(
         "--quota-window-seconds",
         type=int,
         metavar="S",
@@ -178,17 +186,18 @@ def _describe_from_help(parser: argparse.ArgumentParser) -> None:
 def _add_quotas_parser(commands: Any) -> None:
     quotas = commands.add_parser(
         "quotas",
-        help="describe, set or delete producer_ids_rate through a running pidgate",
-        description="Read and change producer_ids_rate quotas at run time through the Kafka "
-        "client-quota APIs (KIP-546), which pidgate answers for producer_ids_rate. Use this "
-        "instead of `kafka-configs --alter`, which refuses quota names it does not know; "
-        "`kafka-configs --describe` works and prints the same lines as `describe`.",
+        help="describe, set or delete producer_ids_rate and observe mode through a running pidgate",
+        description="Read and change producer_ids_rate quotas and observe mode "
+        "(producer_ids_observe) at run time through the Kafka client-quota APIs (KIP-546), "
+        "which pidgate answers for those keys. Use this instead of `kafka-configs --alter`, "
+        "which refuses quota names it does not know; `kafka-configs --describe` works and "
+        "prints the same lines as `describe` (pidgate's keys there as Java doubles: 7.0).",
     )
     actions = quotas.add_subparsers(dest="quotas_action", required=True, metavar="ACTION")
     for name, summary in (
         ("describe", "print quotas as `kafka-configs --describe --entity-type users` does"),
-        ("set", "set producer_ids_rate of one user or of the default user"),
-        ("delete", "remove producer_ids_rate of one user or of the default user"),
+        ("set", "set producer_ids_rate and/or the mode of one user or of the default user"),
+        ("delete", "remove producer_ids_rate (or the mode) of one user or of the default user"),
     ):
         action = actions.add_parser(
             name, help=summary, description=summary[0].upper() + summary[1:] + "."
@@ -236,9 +245,33 @@ def _add_quotas_parser(commands: Any) -> None:
             action.add_argument(
                 "--producer-ids-rate",
                 type=int,
-                required=True,
                 metavar="N",
-                help="new PIDs per quota window (required; 0 = none)",
+                help="new PIDs per quota window (0 = none)",
+            )
+            mode = action.add_mutually_exclusive_group()
+            mode.add_argument(
+                "--observe",
+                action="store_true",
+                help="observe mode: would-be throttles recorded, every request forwarded "
+                "(producer_ids_observe=1)",
+            )
+            mode.add_argument(
+                "--enforce",
+                action="store_true",
+                help="enforce: throttle (producer_ids_observe=0); the tokens and known PIDs "
+                "observed so far carry over",
+            )
+        if name == "delete":
+            action.add_argument(
+                "--producer-ids-rate",
+                action="store_true",
+                help="remove producer_ids_rate (the default when no key is named)",
+            )
+            action.add_argument(
+                "--mode",
+                action="store_true",
+                help="remove producer_ids_observe: the user follows the default user's mode, "
+                "the default user quota.mode",
             )
 
 
@@ -261,14 +294,20 @@ def run_quotas(args: argparse.Namespace) -> int:
             )
     user = args.user.removeprefix("User:") if args.user else None
     bootstrap = [part.strip() for part in args.bootstrap_server.split(",") if part.strip()]
+    ops = [] if args.quotas_action == "describe" else _quota_ops(args)
+    if args.quotas_action == "set" and not ops:
+        print(
+            "pidgate: quotas set needs --producer-ids-rate N, --observe or --enforce",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with QuotaClient(bootstrap, security, timeout_ms=args.timeout_ms) as client:
             if args.quotas_action == "describe":
                 sys.stdout.write(format_describe(client.describe(user, default=args.default)))
                 return 0
-            rate = args.producer_ids_rate if args.quotas_action == "set" else None
             for node_id in client.node_ids() if args.each_node else [None]:
-                client.set_rate(user, rate, node_id)
+                client.alter(user, ops, node_id)
                 if node_id is not None:
                     print(f"node {node_id}: done")
     except QuotaClientError as error:
@@ -280,6 +319,23 @@ def run_quotas(args: argparse.Namespace) -> int:
     else:
         print(f"Completed updating config for user {user}.")
     return 0
+
+
+def _quota_ops(args: argparse.Namespace) -> list[tuple[str, float | None]]:
+    """(key, value; None removes) for ``quotas set`` / ``quotas delete``."""
+    from pidgate.protocol.client_quotas import PRODUCER_IDS_OBSERVE, PRODUCER_IDS_RATE
+
+    if args.quotas_action == "delete":
+        ops: list[tuple[str, float | None]] = [(PRODUCER_IDS_OBSERVE, None)] if args.mode else []
+        if args.producer_ids_rate or not args.mode:
+            ops.insert(0, (PRODUCER_IDS_RATE, None))
+        return ops
+    ops = []
+    if args.producer_ids_rate is not None:
+        ops.append((PRODUCER_IDS_RATE, float(args.producer_ids_rate)))
+    if args.observe or args.enforce:
+        ops.append((PRODUCER_IDS_OBSERVE, 1.0 if args.observe else 0.0))
+    return ops
 
 
 def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -303,6 +359,8 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
         users[user] = {"producer_ids_rate": rate}
     if users:
         quota["users"] = users
+    if args.quota_mode is not None:
+        quota["mode"] = args.quota_mode
     if args.quota_window_seconds is not None:
         quota[_WINDOW_SECONDS_KEY] = args.quota_window_seconds
     if args.quota_window_num is not None:

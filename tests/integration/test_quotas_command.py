@@ -48,7 +48,7 @@ def test_set_describe_delete_through_pidgate_in_front_of_tansu(
 
     assert run(capsys, "describe", *server)[:2] == (
         0,
-        "Quota configs for the default user-principal are producer_ids_rate=7.0\n",
+        "Quota configs for the default user-principal are producer_ids_rate=7\n",
     )
     assert run(capsys, "set", *server, "--user", "alice", "--producer-ids-rate", "50")[:2] == (
         0,
@@ -56,11 +56,11 @@ def test_set_describe_delete_through_pidgate_in_front_of_tansu(
     )
     assert rates(proxy) == {"<default>": 7, "alice": 50}
     assert run(capsys, "describe", *server)[1] == (
-        "Quota configs for the default user-principal are producer_ids_rate=7.0\n"
-        "Quota configs for user-principal 'alice' are producer_ids_rate=50.0\n"
+        "Quota configs for the default user-principal are producer_ids_rate=7\n"
+        "Quota configs for user-principal 'alice' are producer_ids_rate=50\n"
     )
     assert run(capsys, "describe", *server, "--user", "User:alice")[1] == (
-        "Quota configs for user-principal 'alice' are producer_ids_rate=50.0\n"
+        "Quota configs for user-principal 'alice' are producer_ids_rate=50\n"
     )
     assert run(capsys, "describe", *server, "--user", "bob")[:2] == (0, "")
     assert run(capsys, "delete", *server, "--default")[:2] == (
@@ -89,7 +89,7 @@ def test_the_command_as_a_process(start_proxy: Callable[..., BackgroundProxy]) -
         check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "Quota configs for user-principal 'carol' are producer_ids_rate=3.0\n"
+    assert done.stdout == "Quota configs for user-principal 'carol' are producer_ids_rate=3\n"
 
 
 def test_unreachable_and_bad_client_config_fail_clearly(
@@ -147,7 +147,7 @@ def test_tls_with_a_pem_truststore(
     assert code == 0, err
     assert "ignoring client.id" in err
     assert run(capsys, "describe", *args, "--user", "dave")[1] == (
-        "Quota configs for user-principal 'dave' are producer_ids_rate=9.0\n"
+        "Quota configs for user-principal 'dave' are producer_ids_rate=9\n"
     )
     # Without the truststore the server certificate is not trusted: no quota is changed.
     plain = tmp_path / "plain.properties"
@@ -191,7 +191,7 @@ def test_sasl_through_a_pidgate_observing_sasl(
             assert code == 0, err
             assert rates(proxy) == {"<default>": 12}
             assert run(capsys, "describe", *args)[1] == (
-                "Quota configs for the default user-principal are producer_ids_rate=12.0\n"
+                "Quota configs for the default user-principal are producer_ids_rate=12\n"
             )
             # A wrong password: the broker refuses, nothing changes.
             config.write_text(config.read_text().replace("s3cret;x", "wrong"))

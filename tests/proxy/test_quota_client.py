@@ -16,17 +16,22 @@ def test_numbers_print_as_javas_double_to_string(value: float, text: str) -> Non
     assert java_double(value) == text
 
 
-def test_lines_match_kafka_configs_describe() -> None:
+def test_lines_match_kafka_configs_describe_with_pidgates_keys_as_integers() -> None:
     entries = [
-        DescribedEntry((("user", None),), (("producer_ids_rate", 100.0),)),
+        DescribedEntry(
+            (("user", None),), (("producer_ids_rate", 100.0), ("producer_ids_observe", 1.0))
+        ),
         DescribedEntry(
             (("user", "alice"),), (("producer_byte_rate", 1048576.0), ("producer_ids_rate", 5.0))
         ),
         DescribedEntry((("client-id", "c1"), ("user", "bob")), (("request_percentage", 50.0),)),
     ]
+    # Kafka's keys as kafka-configs prints them (Java doubles); pidgate's as the integers they
+    # are (a quota of 3 is 3 new PIDs, not 3.0).
     assert format_describe(entries) == (
-        "Quota configs for the default user-principal are producer_ids_rate=100.0\n"
+        "Quota configs for the default user-principal are producer_ids_rate=100, "
+        "producer_ids_observe=1\n"
         "Quota configs for user-principal 'alice' are producer_byte_rate=1048576.0, "
-        "producer_ids_rate=5.0\n"
+        "producer_ids_rate=5\n"
         "Quota configs for user-principal 'bob', client-id 'c1' are request_percentage=50.0\n"
     )

@@ -8,7 +8,7 @@ offers client-quota admin methods, but kafka-python's connection manager does TL
 (PLAIN, SCRAM, GSSAPI) and version negotiation, and ships the message classes; requests go
 through its ``KafkaAdminClient``'s connection manager (``_manager``, present in kafka-python 3.0).
 
-Owns: ``QuotaClient``, ``format_describe`` and ``java_double``.
+Owns: ``QuotaClient``, ``format_describe``, ``quota_value_text`` and ``java_double``.
 """
 
 from __future__ import annotations
@@ -29,10 +29,18 @@ from pidgate.protocol.client_quotas import (
     MATCH_ANY,
     MATCH_DEFAULT,
     MATCH_EXACT,
+    OUR_KEYS,
     PRODUCER_IDS_RATE,
 )
 
-__all__ = ["DescribedEntry", "QuotaClient", "QuotaClientError", "format_describe", "java_double"]
+__all__ = [
+    "DescribedEntry",
+    "QuotaClient",
+    "QuotaClientError",
+    "format_describe",
+    "java_double",
+    "quota_value_text",
+]
 
 _USER = "user"
 _TYPE_NAMES = {"user": "user-principal", "client-id": "client-id", "ip": "ip"}
@@ -77,11 +85,20 @@ def _entity_text(entity: Sequence[tuple[str, str | None]]) -> str:
     return ", ".join(parts)
 
 
+def quota_value_text(key: str, value: float) -> str:
+    """pidgate's own keys (``producer_ids_rate``, ``producer_ids_observe``) are whole numbers
+    and print as such (``3``); every other key as kafka-configs prints it (``1048576.0``)."""
+    if key in OUR_KEYS and value.is_integer():
+        return str(int(value))
+    return java_double(value)
+
+
 def format_describe(entries: Iterable[DescribedEntry]) -> str:
-    """One line per entity, as ``kafka-configs --describe`` prints it."""
+    """One line per entity, as ``kafka-configs --describe`` prints it, except that pidgate's
+    own keys print as the integers they are (:func:`quota_value_text`)."""
     lines = []
     for entry in entries:
-        values = ", ".join(f"{key}={java_double(value)}" for key, value in entry.values)
+        values = ", ".join(f"{key}={quota_value_text(key, value)}" for key, value in entry.values)
         lines.append(f"Quota configs for {_entity_text(entry.entity)} are {values}")
     return "".join(line + "\n" for line in lines)
 
@@ -176,9 +193,15 @@ class QuotaClient:
     def set_rate(self, user: str | None, rate: int | None, node_id: int | None = None) -> None:
         """Set (or with ``rate`` None remove) ``producer_ids_rate`` of ``user`` (None: the
         default user), through ``node_id``'s listener (None: any)."""
-        op = (PRODUCER_IDS_RATE, float(rate or 0), rate is None)
+        self.alter(user, [(PRODUCER_IDS_RATE, None if rate is None else float(rate))], node_id)
+
+    def alter(
+        self, user: str | None, ops: Sequence[tuple[str, float | None]], node_id: int | None = None
+    ) -> None:
+        """Set each (key, value) of ``user`` (None: the default user) in one request, a value
+        of None removing the key, through ``node_id``'s listener (None: any)."""
         request = AlterClientQuotasRequest(
-            entries=[([(_USER, user)], [op])],
+            entries=[([(_USER, user)], [(key, value or 0.0, value is None) for key, value in ops])],
             validate_only=False,
         )
         response = self._send(request, node_id)

@@ -256,7 +256,9 @@ def snapshot_state(
 ) -> StateSnapshot:
     """A copy of ``manager``'s state (the fast half of :func:`dump_state`: call it on the event
     loop, then :func:`encode_state` may run in a worker thread)."""
-    return StateSnapshot(now_ms, overrides or QuotaOverrides(), manager.export())
+    return StateSnapshot(
+        now_ms, QuotaOverrides() if overrides is None else overrides, manager.export()
+    )
 
 
 def dump_state(
