@@ -345,3 +345,23 @@ def test_the_mode_set_live_survives_a_restart_with_the_state_file(
         assert produce_new_pid(proxy, topic, 5) == THROTTLED  # and the bucket still empty
     finally:
         proxy.stop()
+
+
+def test_switching_a_principal_to_observe_releases_its_held_produce(
+    start_proxy: Callable[..., BackgroundProxy], capsys: pytest.CaptureFixture[str]
+) -> None:
+    proxy = start_proxy(quota=quota("enforce", rate=1))  # holding on, as by default
+    topic = unique_name("observe-release")
+    create_topic(proxy.bootstrap, topic)
+    assert produce_new_pid(proxy, topic, 1) == [0]
+    held, _ = init_producer_id(proxy.bootstrap)
+    with KafkaSocket(proxy.bootstrap, timeout_s=15) as conn:
+        conn.sendall(produce_frame(topic, held, 2))
+        wait_until(lambda: hold_stats(proxy)["held"] == 1, 5, "held: 1")
+        quotas(
+            capsys, "set", "--bootstrap-server", proxy.bootstrap, "--user", "ANONYMOUS", "--observe"
+        )
+        # Forwarded to the broker, which accepts it: no throttle, no error.
+        response = decode_produce(conn.recv_frame(), 8)
+    assert produce_partition_errors(response) == [0] and response.throttle_time_ms == 0
+    assert hold_stats(proxy)["released"] == 1

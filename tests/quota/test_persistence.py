@@ -693,3 +693,31 @@ def test_state_saved_under_the_old_per_layer_sizing_loads_and_keeps_every_pid_kn
     for principal, pids in saved_pids.items():
         assert all(reloaded.is_known(principal, pid, now) for pid in pids)
     assert reloaded.is_known("User:alice", 500, now)
+
+
+def test_mode_overrides_are_saved_and_applied_on_load() -> None:
+    m, _ = throttled_manager()
+    overrides = QuotaOverrides({"alice": 5}, modes={"alice": True, DEFAULT_USER: False})
+    data = dump_state(m, T0 + 2000, overrides)
+    assert data[8:10] == b"\x00\x04"  # format 4 carries modes
+    restored, report = load_state(data, policy(), T0 + 2000)
+    assert dict(report.overrides.modes) == {"alice": True, DEFAULT_USER: False}
+    assert restored.policy.observes("User:alice")
+    assert not restored.policy.observes("User:bob")
+    # Mode overrides alone (no rate override) are kept too.
+    only_modes, _ = load_state(
+        dump_state(m, T0 + 2000, QuotaOverrides(modes={"bob": True})), policy(), T0 + 2000
+    )
+    assert only_modes.policy.observes("User:bob") and not only_modes.policy.observes("User:al")
+
+
+def test_mode_overrides_apply_to_like_rates() -> None:
+    base = policy(default_observe=True, user_observe={"alice": False, "bob": True})
+    p = QuotaOverrides(modes={"alice": None, "carol": False}).apply_to(base)
+    assert p.observes("User:alice")  # removed: follows the default user (observe)
+    assert p.observes("User:bob")
+    assert not p.observes("User:carol")
+    enforced = QuotaOverrides(modes={DEFAULT_USER: None}).apply_to(base)
+    assert not enforced.observes("User:dave")  # the default removed: enforce
+    with pytest.raises(ValueError):
+        QuotaOverrides(modes={"alice": 1})  # type: ignore[dict-item]

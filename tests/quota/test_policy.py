@@ -70,3 +70,16 @@ def test_max_layer_items_must_fit_the_state_format() -> None:
     with pytest.raises(ValueError, match="2\\*\\*32 bits"):
         QuotaPolicy(max_layer_items=400_000_000)  # 14.4 bits each at p = 0.001: > 2**32 bits
     QuotaPolicy(max_layer_items=100_000_000)
+
+
+def test_observe_mode_precedence_is_user_then_default_then_enforce() -> None:
+    from pidgate.quota.policy import ENFORCE, OBSERVE
+
+    enforced = QuotaPolicy()
+    assert not enforced.observes("User:alice") and enforced.mode_for("User:alice") == ENFORCE
+    policy = QuotaPolicy(default_observe=True, user_observe={"alice": False})
+    assert policy.mode_for("User:bob") == OBSERVE
+    assert policy.mode_for("User:alice") == ENFORCE
+    assert QuotaPolicy(user_observe={"carol": True}).mode_for("User:carol") == OBSERVE
+    with pytest.raises(ValueError):
+        QuotaPolicy(user_observe={"alice": 1})  # type: ignore[dict-item]

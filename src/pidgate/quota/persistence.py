@@ -159,7 +159,7 @@ class QuotaOverrides(Mapping[str, int | None]):
         self._rates: Mapping[str, int | None] = MappingProxyType(items)
         mode_items = dict(modes or {})
         for user, observe in mode_items.items():
-            if not isinstance(user, str) or not user or observe not in (True, False, None):
+            if not isinstance(user, str) or not user or not isinstance(observe, bool | None):
                 raise ValueError(f"mode override of {user!r} must be True, False or None")
         self.modes: Mapping[str, bool | None] = MappingProxyType(mode_items)
 
