@@ -15,6 +15,7 @@ from typing import Any
 
 import confluent_kafka
 import pytest
+from structlog.testing import capture_logs
 
 from pidgate.cli import main
 from pidgate.config import LoggingSettings
@@ -223,7 +224,10 @@ def test_quotas_set_switches_a_user_and_the_default_user_live(
 
     quotas(capsys, "set", *server, "--user", "ANONYMOUS", "--observe")
     forwarded, _ = init_producer_id(proxy.bootstrap)
-    assert produce_with(proxy, topic, forwarded, 3) == [0]  # observed: forwarded
+    with capture_logs() as logged:
+        assert produce_with(proxy, topic, forwarded, 3) == [0]  # observed: forwarded
+    (would,) = [line for line in logged if line["event"] == "pid_would_throttle"]
+    assert (would["principal"], would["producer_ids"]) == ("User:ANONYMOUS", [forwarded])
     assert quotas(capsys, "describe", *server, "--user", "ANONYMOUS") == (
         "Quota configs for user-principal 'ANONYMOUS' are producer_ids_rate=1, "
         "producer_ids_observe=1\n"
