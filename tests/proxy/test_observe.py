@@ -140,13 +140,21 @@ def _answer(api_key: int, version: int, framed: bytes) -> Any:
     return cls.decode(bytes(payload[offset:]), version=version)
 
 
-def alter(admin: QuotaAdmin, user: str | None, key: str, value: float, remove: bool = False) -> int:
+def alter(
+    admin: QuotaAdmin,
+    user: str | None,
+    key: str,
+    value: float,
+    remove: bool = False,
+    *more: tuple[str, float],
+) -> int:
     R = AlterClientQuotasRequest
+    ops = [(key, value, remove), *((k, v, False) for k, v in more)]
     request = R(
         entries=[
             R.EntryData(
                 entity=[R.EntryData.EntityData(entity_type="user", entity_name=user)],
-                ops=[R.EntryData.OpData(key=key, value=value, remove=remove)],
+                ops=[R.EntryData.OpData(key=k, value=v, remove=rm) for k, v, rm in ops],
             )
         ],
         validate_only=False,
@@ -195,3 +203,18 @@ def test_producer_ids_observe_is_altered_and_described_like_the_rate() -> None:
     }
     state = control.state()["quotas"]
     assert (state["mode"], state["producer_ids_observe"]) == ("enforce", {"<default>": False})
+
+
+def test_one_request_sets_the_rate_and_the_mode_together() -> None:
+    settings = load_settings(cli_overrides={"proxy": {"upstream": ["k:9092"]}})
+    control = QuotaControl(settings, lambda: T0)
+    admin = QuotaAdmin(control.effective_rates, control.apply_changes)
+    assert (
+        alter(admin, "carol", "producer_ids_rate", 6.0, False, ("producer_ids_observe", 1.0)) == 0
+    )
+    assert describe(admin) == {"carol": {"producer_ids_rate": 6.0, "producer_ids_observe": 1.0}}
+    # A bad mode value fails the entity whole: the rate beside it is not applied either.
+    assert (
+        alter(admin, "dave", "producer_ids_rate", 6.0, False, ("producer_ids_observe", 2.0)) == 42
+    )
+    assert "dave" not in control.effective_rates()
