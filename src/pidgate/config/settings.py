@@ -93,8 +93,9 @@ class QuotaSettings(_Frozen):
     )
     users: dict[str, UserQuota] = Field(
         default_factory=dict,
-        description="per-user quotas, `{<default>: {producer_ids_rate: N}, alice: {...}}`; "
-        "precedence users.<name>, then users.<default>, then unlimited",
+        description="per-user quotas, `{<default>: {producer_ids_rate: N}, alice: {...}}`, "
+        "each also with `mode: observe | enforce`; precedence users.<name>, then "
+        "users.<default>, then unlimited (mode: then quota.mode)",
     )
     max_principals: int = Field(
         100_000, ge=1, description="principals tracked at most; the idlest is evicted first"
