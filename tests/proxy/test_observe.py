@@ -218,3 +218,23 @@ def test_one_request_sets_the_rate_and_the_mode_together() -> None:
         alter(admin, "dave", "producer_ids_rate", 6.0, False, ("producer_ids_observe", 2.0)) == 42
     )
     assert "dave" not in control.effective_rates()
+
+
+class BrokenQuota(QuotaManager):
+    """Fault injection: ``admit`` raises, as a bug in the quota subsystem would."""
+
+    def admit(self, principal: str, producer_ids: Any, now_ms: int, **_: Any) -> Any:
+        raise RuntimeError("injected quota failure")
+
+
+def test_observe_mode_forwards_what_a_closed_failure_policy_would_refuse() -> None:
+    observed = Gatekeeper(
+        BrokenQuota(QuotaPolicy(default_producer_ids_rate=1, default_observe=True)),
+        failure_policy="closed",
+    )
+    assert observed.check(ALICE, produce(1)) is None  # forwarded
+    assert observed.quota_failures == 1
+    enforced = Gatekeeper(
+        BrokenQuota(QuotaPolicy(default_producer_ids_rate=1)), failure_policy="closed"
+    )
+    assert isinstance(enforced.check(ALICE, produce(1)), Rejected)
