@@ -246,7 +246,7 @@ def _add_quotas_parser(commands: Any) -> None:
                 "--producer-ids-rate",
                 type=int,
                 metavar="N",
-                help="new PIDs per quota window (0 = none)",
+                help="new PIDs per quota window (0 = none); default: left as it is",
             )
             mode = action.add_mutually_exclusive_group()
             mode.add_argument(
