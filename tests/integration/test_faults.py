@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import selectors
 import signal
 import socket
@@ -1068,10 +1069,10 @@ def test_sigterm_under_load(broker: EmbeddedBroker, tmp_path: Path) -> None:
     def scrape(gate: PidgateProcess, name: str) -> float:
         status, text = http_get(f"127.0.0.1:{gate.admin_port}", "/metrics")
         assert status == 200
-        for line in text.splitlines():
-            if line.startswith(name + '{user="ANONYMOUS"}'):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0  # no sample yet
+        # Per-user families carry user="ANONYMOUS" and principal="User:ANONYMOUS".
+        pattern = rf'^{name}\{{[^}}]*\buser="ANONYMOUS"[^}}]*\}} (\S+)$'
+        match = re.search(pattern, text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0  # no sample yet
 
     names = [f"steady-{n}" for n in range(3)]
     deliveries = Deliveries()

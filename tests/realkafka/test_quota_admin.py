@@ -71,7 +71,7 @@ def user_counter(gate: BackgroundProxy, name: str, user: str) -> float:
     (new PIDs admitted with a token) or ``pidgate_producer_ids_throttled_total`` (distinct PIDs
     rejected); labelled by the quota entity's name (``alice``)."""
     text = gate.call_and_wait(lambda: gate.server.metrics.render().decode())
-    pattern = rf'^{name}{{user="{re.escape(user)}"}} (\S+)$'
+    pattern = rf'^{name}{{[^}}]*\buser="{re.escape(user)}"[^}}]*}} (\S+)$'
     match = re.search(pattern, text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
