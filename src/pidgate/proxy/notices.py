@@ -1,13 +1,16 @@
 """Misconfigurations pidgate can see at run time but must not stop for, said once each with the
 fix in the message: a SASL handshake through a pidgate whose ``identity.sasl`` is off (every
 such client is charged to ``User:ANONYMOUS``), no quota configured at all (nothing is
-throttled), and listeners that cannot bind (which also make ``/readyz`` not ready).
+throttled), and listeners that cannot bind (which also make ``/readyz`` not ready). Warnings at
+start (``startup_warning``: no upstream answering, sidecar mode without a fleet) also get one
+plain line on stderr, readable whatever the log format.
 
 Owns: ``OperatorNotices``. Never receives credentials: only addresses and setting names.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,12 @@ class OperatorNotices:
         self.said.add(event)
         get_logger().warning(event, **fields)
         return True
+
+    def startup_warning(self, event: str, line: str, **fields: Any) -> None:
+        """At start: the warning ``event`` in the log, and ``pidgate: warning: <line>`` on
+        stderr (the line names the cause and the setting to change)."""
+        if self.once(event, **fields):
+            print(f"pidgate: warning: {line}", file=sys.stderr, flush=True)
 
     def sasl_without_identity(self, client: str) -> None:
         """A client started a SASL handshake but ``identity.sasl`` is off (connection hot
