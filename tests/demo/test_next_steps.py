@@ -6,10 +6,14 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
+
 from pidgate.config import load_settings
+from pidgate.demo import next_steps
 from pidgate.demo.next_steps import (
     SERVE_HTTP,
     SERVE_LISTEN,
+    analyze_install_hint,
     demo_next_steps,
     pidgate_command,
     serve_lines,
@@ -88,3 +92,20 @@ def test_the_printed_client_addresses_are_serves_defaults() -> None:
     settings = load_settings(cli_overrides={"proxy": {"upstream": ["127.0.0.1:19092"]}})
     assert str(settings.proxy.listen) == SERVE_LISTEN
     assert str(settings.admin.listen) == SERVE_HTTP
+
+
+def test_without_the_analyze_extra_the_install_line_targets_this_tree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After ./scripts/demo alone (the demo extra only), step 1 installs the analyze extra
+    into the same venv, editable from the clone as ./scripts/test would."""
+    monkeypatch.setattr(next_steps, "ANALYZE_MODULES", ("json", "no_such_module_here"))
+    tree = Path(next_steps.__file__).resolve().parents[3]
+    assert (tree / "pyproject.toml").is_file()
+    python = str(tree / ".venv" / "bin" / "python")
+    assert analyze_install_hint(python, tree) == (".venv/bin/python -m pip install -e '.[analyze]'")
+    assert analyze_install_hint(python, tree / "src") == (
+        f"{shlex.quote(python)} -m pip install -e {shlex.quote(str(tree) + '[analyze]')}"
+    )
+    monkeypatch.setattr(next_steps, "ANALYZE_MODULES", ("json",))
+    assert analyze_install_hint(python, tree) is None

@@ -61,15 +61,20 @@ def pidgate_command(
     return _shown(script, cwd)
 
 
-def analyze_install_hint(executable: str | None = None) -> str | None:
+def analyze_install_hint(executable: str | None = None, cwd: Path | None = None) -> str | None:
     """None when ``pidgate analyze`` can run here; else the command that installs its extra
-    into this same environment (from the source tree pidgate runs from, when it has one)."""
+    into this same environment (from the source tree pidgate runs from, when it has one:
+    ``.venv/bin/python -m pip install -e '.[analyze]'`` in a clone after ``./scripts/demo``)."""
     if all(importlib.util.find_spec(name) is not None for name in ANALYZE_MODULES):
         return None
-    python = shlex.quote(sys.executable if executable is None else executable)
+    cwd = Path.cwd() if cwd is None else cwd
+    python = _shown(
+        Path(os.path.abspath(sys.executable if executable is None else executable)), cwd
+    )
     tree = Path(__file__).resolve().parents[3]
     if (tree / "pyproject.toml").is_file():  # an editable install of a clone: ./scripts/demo
-        return f"{python} -m pip install -e {shlex.quote(str(tree))}'[analyze]'"
+        where = "." if tree == cwd.resolve() else str(tree)
+        return f"{python} -m pip install -e {shlex.quote(where + '[analyze]')}"
     return f"{python} -m pip install 'pidgate[analyze]'"
 
 
