@@ -90,7 +90,7 @@ def demo_next_steps(
     lines = [
         "",
         "Next steps (each command runs as shown, in this shell):",
-        "  1. Analyse this run's PID event log (Spark, needs Java 17; about a minute):",
+        "  1. Analyse this run's PID event log (Spark, needs Java 17; a minute or two):",
     ]
     if install_analyze is not None:
         lines += [
