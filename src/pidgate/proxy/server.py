@@ -416,32 +416,11 @@ class ProxyServer:
         """What will go wrong with these settings, said before the (up to
         ``quota.grandfather_probe_timeout_ms``) frontier probe: no upstream broker answering,
         sidecar mode without a fleet."""
-        notices = self.context.notices
         unanswered = await unanswered_reason(self.router.bootstrap_upstreams)
         if unanswered is not None:
-            notices.startup_warning(
-                "upstream_unreachable_at_start",
-                f"{unanswered}: check that the broker runs and that --upstream "
-                "(proxy.upstream) is its listener's HOST:PORT as reachable from here",
-                reason=unanswered,
-                consequence="clients are disconnected and /readyz answers 503 until a broker "
-                "answers; pidgate keeps trying",
-                check="the broker runs, and --upstream / proxy.upstream / PIDGATE_PROXY_UPSTREAM "
-                "is its listener's HOST:PORT as reachable from this host (firewall, DNS)",
-            )
+            self.context.notices.upstream_unreachable_at_start(unanswered)
         if self.settings.proxy.mode == "sidecar" and self.settings.fleet.id is None:
-            notices.startup_warning(
-                "sidecar_without_fleet",
-                "sidecar mode without fleet.id: when a partition leader moves, the new leader's "
-                "sidecar does not know the producers and charges their PIDs as new (steady "
-                "producers can be rejected); set the same fleet.id on every sidecar "
-                "(PIDGATE_FLEET_ID=<name>)",
-                consequence="each sidecar judges alone: after a leader failover or partition "
-                "reassignment the new leader's sidecar has never seen the producers writing "
-                "there, charges their PIDs as new and, past the quota, rejects steady producers",
-                fix="give every sidecar of the cluster the same fleet.id (config file "
-                'fleet: {id: <name>}, or PIDGATE_FLEET_ID=<name>); README "Fleets"',
-            )
+            self.context.notices.sidecar_without_fleet()
 
     def _open_waiting_room(self, settings: Settings) -> WaitingRoom | None:
         rejection = settings.rejection
