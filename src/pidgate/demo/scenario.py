@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -27,6 +28,7 @@ from pathlib import Path
 from pidgate.demo.broker import EmbeddedBroker
 from pidgate.demo.display import header_lines, live_line, summary_lines
 from pidgate.demo.environment import create_topics, demo_settings, logs_in_file
+from pidgate.demo.next_steps import analyze_install_hint, demo_next_steps, pidgate_command
 from pidgate.demo.plan import (
     MAX_STORM_PRODUCERS,
     STEADY_CLIENT_ID,
@@ -89,16 +91,18 @@ class _Running:
 
 def run_demo(duration_s: float = 45.0, event_log: str | Path | None = None) -> int:
     """Run the demo for ``duration_s`` seconds (or until Ctrl-C / SIGTERM). 0 on a clean run,
-    128 + signal number when stopped by a signal (130 for Ctrl-C), 1 when setup failed. With
-    ``event_log``, pidgate writes its PID event log into that directory, and the summary says
-    how to analyse it."""
+    128 + signal number when stopped by a signal (130 for Ctrl-C), 1 when setup failed.
+    pidgate's log and PID event log go to a new directory ``pidgate-demo-*`` under the
+    temporary directory (the event log to ``event_log`` instead, when given); the summary
+    ends with the next steps: analyse the event log, open the report, try a test broker."""
     event_dir = Path(event_log).expanduser().resolve() if event_log else None
     if event_dir is not None and event_dir.exists() and not event_dir.is_dir():
         print(f"pidgate demo: --event-log {event_log}: not a directory", file=sys.stderr)
         return _EXIT_SETUP_FAILED
+    run_dir = Path(tempfile.mkdtemp(prefix="pidgate-demo-"))
     with stop_signals(raise_stop_signal):
         try:
-            return _run(duration_s, event_dir)
+            return _run(duration_s, run_dir, event_dir or run_dir / "events")
         except StopSignal as signalled:  # during setup or cleanup's first steps
             print(f"pidgate demo: stopped by {signalled}", file=sys.stderr)
             return 128 + signalled.signum
@@ -106,8 +110,8 @@ def run_demo(duration_s: float = 45.0, event_log: str | Path | None = None) -> i
             return _EXIT_INTERRUPTED
 
 
-def _run(duration_s: float, event_dir: Path | None) -> int:
-    with logs_in_file() as (rdkafka_logger, log_path):
+def _run(duration_s: float, run_dir: Path, event_dir: Path) -> int:
+    with logs_in_file(run_dir / "pidgate.log") as (rdkafka_logger, log_path):
         running = _Running()
         # The proxy's observer: tells which storm producer was throttled.
         tracker = StormDecisionTracker(STORM_CLIENT_PREFIX, MAX_STORM_PRODUCERS)
@@ -128,7 +132,7 @@ def _set_up(
     tracker: StormDecisionTracker,
     rdkafka_logger: logging.Logger,
     log_path: Path,
-    event_dir: Path | None,
+    event_dir: Path,
 ) -> tuple[EmbeddedBroker, BackgroundProxy] | None:
     """Broker, then pidgate in front of it, then the topics; None (and why, on stderr) if any
     of it failed."""
@@ -160,10 +164,10 @@ def _produce_and_watch(
     rdkafka_logger: logging.Logger,
     log_path: Path,
     duration_s: float,
-    event_dir: Path | None,
+    event_dir: Path,
 ) -> int:
     """Header, producers, the live view until ``duration_s`` or a stop signal, then stop the
-    producers and print the summary. The exit code."""
+    producers and print the summary and the next steps. The exit code."""
     message_timeout_ms = int((duration_s + 120) * 1000)
 
     def config(client_id: str) -> ProducerConfig:
@@ -220,6 +224,14 @@ def _produce_and_watch(
                 throttled_client_ids=tracker.throttled_client_ids(),
                 log_path=log_path,
                 event_dir=event_dir,
+            )
+        )
+        _out(
+            demo_next_steps(
+                pidgate_command(),
+                event_dir,
+                event_dir.parent / "pidgate-demo-report",
+                analyze_install_hint(),
             )
         )
     return _EXIT_OK if signalled is None else 128 + signalled.signum

@@ -54,6 +54,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import ProduceContext
 from pidgate.proxy.logs import get_logger
+from pidgate.proxy.upstream_check import describe_error
 from pidgate.quota.manager import Admitted, Decision
 
 __all__ = [
@@ -440,7 +441,7 @@ class FleetSync:
                         admin.close()
         raise FleetError(
             f"could not set up the fleet topic {self._topic!r} on {self._bootstrap}: "
-            f"{type(last_error).__name__ if last_error else 'stopped'}"
+            f"{describe_error(last_error) if last_error else 'stopped'}"
         )
 
     # -- observability -------------------------------------------------------------------------

@@ -47,6 +47,8 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError, for_code
 from kafka.protocol.producer import InitProducerIdRequest
 
+from pidgate.proxy.upstream_check import describe_error
+
 __all__ = [
     "RETRIABLE_ERROR_CODES",
     "FrontierProber",
@@ -137,12 +139,6 @@ def _is_retriable(error: BaseException) -> bool:
     return isinstance(error, OSError)
 
 
-def _describe(error: BaseException) -> str:
-    """``Type: message``, once (kafka-python's messages often start with the type already)."""
-    text, name = str(error), type(error).__name__
-    return text if text.startswith(name) else f"{name}: {text}"
-
-
 @dataclass
 class _Attempts:
     """Runs steps until they succeed, retrying retriable failures with backoff, within one
@@ -170,7 +166,7 @@ class _Attempts:
             except _GiveUp:
                 raise
             except Exception as error:  # kafka-python raises many kinds
-                detail = f"{what}: {_describe(error)}"
+                detail = f"{what}: {describe_error(error)}"
                 if not _is_retriable(error):
                     raise _GiveUp(f"{detail} (not retriable)") from error
                 self.last_error = detail
@@ -330,7 +326,7 @@ class FrontierProber:
         try:
             result = run_probe(self, self._timeout_ms)
         except Exception as error:  # run_probe reports failures; a bug guard
-            result = FrontierResult(None, f"probe failed: {type(error).__name__}: {error}")
+            result = FrontierResult(None, f"probe failed: {describe_error(error)}")
         if result.frontier is None:
             self.close()  # start afresh next time
         return result

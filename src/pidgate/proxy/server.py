@@ -51,6 +51,7 @@ from pidgate.proxy.routing import Address, BrokerRoute, Router
 from pidgate.proxy.shared_store import QuotaOverride, SharedQuotaStore
 from pidgate.proxy.stepping import LOOP_STEP_PRINCIPALS, run_in_steps
 from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
+from pidgate.proxy.upstream_check import describe_error, unanswered_reason
 from pidgate.proxy.waiting_room import WaitingRoom
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import Admitted, Decision
@@ -314,20 +315,12 @@ class ProxyServer:
 
     async def upstream_ready(self) -> bool | str:
         """For /readyz: every listener serves and an upstream broker accepts a TCP connection;
-        otherwise False or the reason."""
+        otherwise the reason (``no upstream broker answered at 127.0.0.1:9 (connection
+        refused)``)."""
         not_ready = self.context.notices.not_ready_reason
         if not_ready is not None:
             return not_ready
-        for host, port in self.router.bootstrap_upstreams:
-            try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
-            except (OSError, TimeoutError):
-                continue
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            return True
-        return False
+        return await unanswered_reason(self.router.bootstrap_upstreams) or True
 
     def _observer_failed(self, observer: DecisionObserver, error: Exception) -> None:
         self.metrics.observer_error()
@@ -363,6 +356,7 @@ class ProxyServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listen = self.settings.proxy.listen
+        await self._warn_before_serving()
         # Enforcement begins now for every principal without saved state: learn the PID
         # frontier before the first request is read (bounded by the probe timeout).
         await self._resolve_enforcement(self.quota.begin_enforcement(quota_clock_ms()), "start")
@@ -417,6 +411,16 @@ class ProxyServer:
             sasl=self.settings.identity.sasl,
             upstream_tls=self.settings.upstream_tls.enabled,
         )
+
+    async def _warn_before_serving(self) -> None:
+        """What will go wrong with these settings, said before the (up to
+        ``quota.grandfather_probe_timeout_ms``) frontier probe: no upstream broker answering,
+        sidecar mode without a fleet."""
+        unanswered = await unanswered_reason(self.router.bootstrap_upstreams)
+        if unanswered is not None:
+            self.context.notices.upstream_unreachable_at_start(unanswered)
+        if self.settings.proxy.mode == "sidecar" and self.settings.fleet.id is None:
+            self.context.notices.sidecar_without_fleet()
 
     def _open_waiting_room(self, settings: Settings) -> WaitingRoom | None:
         rejection = settings.rejection
@@ -627,7 +631,7 @@ class ProxyServer:
         try:
             result = await asyncio.to_thread(self._prober.probe)
         except Exception as error:  # probe_frontier reports failures; this is a bug guard
-            result = FrontierResult(None, f"probe crashed: {type(error).__name__}: {error}")
+            result = FrontierResult(None, f"probe crashed: {describe_error(error)}")
         now = quota_clock_ms()
         self.last_frontier, self.last_frontier_ms = result, now
         enforcement.resolve(result.frontier, result.reason)
