@@ -32,6 +32,7 @@ from pidgate.protocol.client_quotas import (
     OUR_KEYS,
     PRODUCER_IDS_RATE,
 )
+from pidgate.proxy.upstream_check import describe_error
 
 __all__ = [
     "DescribedEntry",
@@ -131,7 +132,7 @@ class QuotaClient:
             )
         except KafkaError as error:
             raise QuotaClientError(
-                f"cannot reach {','.join(bootstrap)}: {type(error).__name__}: {error}"
+                f"cannot reach {','.join(bootstrap)}: {describe_error(error)}"
             ) from None
         manager = getattr(self._admin, "_manager", None)
         if manager is None or not hasattr(manager, "send"):  # kafka-python's internals moved

@@ -19,7 +19,7 @@ from typing import Any
 
 from pidgate.config import Settings
 from pidgate.protocol.api_versions import inspected_api_version_limits
-from pidgate.protocol.client_quotas import QuotaChange
+from pidgate.protocol.client_quotas import PRODUCER_IDS_RATE, QuotaChange
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.admission import (
     DecisionObserver,
@@ -269,6 +269,8 @@ class ProxyServer:
     ) -> Mapping[int, tuple[int, str | None]]:
         failures = self.quota_control.apply_changes(changes)
         for _, change in changes:
+            if change.key != PRODUCER_IDS_RATE:
+                continue  # a mode change: quota_control logs quota_mode_changed itself
             get_logger().info(
                 "quota_changed",
                 user=entity_key(change.entity),

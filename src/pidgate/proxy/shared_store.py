@@ -39,6 +39,7 @@ from kafka.errors import (
 )
 
 from pidgate.proxy.logs import get_logger
+from pidgate.proxy.upstream_check import describe_error
 
 #: The key of the user-default entity (``users.<default>``).
 DEFAULT_USER = "<default>"
@@ -486,7 +487,7 @@ class SharedQuotaStore:
             self._log.error(
                 "shared_store_on_change_failed",
                 user=override.user,
-                error=f"{type(error).__name__}: {error}",
+                error=describe_error(error),
             )
 
     def _decode(self, key: bytes | None, value: bytes | None, offset: int) -> QuotaOverride | None:
@@ -515,7 +516,7 @@ class SharedQuotaStore:
         """``Type: message`` with every security value scrubbed, for logs and exceptions."""
         if error is None:
             return ""
-        text = f"{type(error).__name__}: {error}"[:500]
+        text = describe_error(error)[:500]
         for secret in self._security.values():
             if isinstance(secret, str) and len(secret) >= 3:
                 text = text.replace(secret, "***")
