@@ -50,7 +50,7 @@ def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
         default=[],
         type=_conf_pair,
         metavar="KEY=VALUE",
-        help="a Spark setting (repeatable); wins over pidgate's own",
+        help="a Spark setting, repeatable, winning over pidgate's own; default: none",
     )
     spark.add_argument(
         "--driver-host",
@@ -67,7 +67,8 @@ def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
         "--no-ship",
         dest="ship",
         action="store_false",
-        help="do not ship pidgate and its packages to a cluster's executors (they have them)",
+        help="do not ship pidgate and its packages to a cluster's executors (they have them); "
+        "default: shipped for non-local masters",
     )
 
 

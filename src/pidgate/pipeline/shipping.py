@@ -2,9 +2,9 @@
 dependencies as installed on the driver, built once and cached.
 
 The archive holds the import packages of pidgate and of every distribution its executors
-import (pidgate's own requirements, pandas, numpy, pyarrow and what they require), never
-pyspark or py4j (each Spark installation brings its own) nor what only the driver needs
-(matplotlib). :func:`executor_archive` returns its path under ``~/.cache/pidgate/spark-env/``
+import (pidgate's own requirements, pandas, numpy, pyarrow, matplotlib and what they
+require), never pyspark or py4j (each Spark installation brings its own).
+:func:`executor_archive` returns its path under ``~/.cache/pidgate/spark-env/``
 (``$XDG_CACHE_HOME`` respected), named by a digest of the Python version, the platform, every
 shipped distribution's version and pidgate's own source, so a change to any of them builds a
 new one. Spark unpacks it on each executor as ``./pidgate-env`` (``spark.archives``) and the
@@ -33,11 +33,12 @@ __all__ = ["ARCHIVE_ALIAS", "cache_dir", "executor_archive", "shipped_distributi
 #: The directory name the archive unpacks to on every executor (``spark.archives`` ``#alias``).
 ARCHIVE_ALIAS = "pidgate-env"
 
-# What the executors import besides pidgate's own requirements (pandas UDFs and Arrow).
-_EXECUTOR_EXTRAS = ("pandas", "numpy", "pyarrow")
-# Never shipped: Spark's own Python side comes with the worker's Spark; matplotlib is for the
-# driver's report, uvloop for the proxy.
-_NOT_SHIPPED = frozenset({"pyspark", "py4j", "matplotlib", "pidgate", "uvloop"})
+# What the executors import besides pidgate's own requirements: pandas UDFs and Arrow, and
+# matplotlib, which the job modules import at the top (executors unpickling a job's function
+# import its module), though only the driver draws.
+_EXECUTOR_EXTRAS = ("pandas", "numpy", "pyarrow", "matplotlib")
+# Never shipped: Spark's own Python side comes with the worker's Spark; uvloop is the proxy's.
+_NOT_SHIPPED = frozenset({"pyspark", "py4j", "pidgate", "uvloop"})
 # Inside shipped packages, what no import needs: tests, C headers, Cython sources, bytecode.
 _SKIPPED_DIRS = frozenset({"__pycache__", "tests", "include"})
 _SKIPPED_SUFFIXES = (".pyc", ".pyx", ".pxd", ".pxi", ".h", ".hpp", ".cc", ".cpp")
