@@ -7,6 +7,7 @@ starts a Master and a 2-core Worker in a network namespace (the test harness,
 ``local[2]``, then with ``--master spark://...``. Prints, for each, the wall time end to end and
 the job's own time (from the job's first stage line to "done", read from the progress lines:
 JVM start and, on the cluster, the executor check excluded), and the cluster/local ratios.
+The cluster run gets the 4 shuffle partitions ``local[2]`` has by default.
 
     sudo .venv/bin/python benchmarks/pipeline_cluster.py --events 1000000 --dir /tmp/pgbench
 """
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCAL_SHUFFLE_PARTITIONS = 4
 _STAMP = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
 
 
@@ -39,13 +41,13 @@ def _events(directory: Path, events: int) -> Path:
     return log_dir
 
 
-def _run(events: Path, output: Path, master: str) -> tuple[float, float]:
+def _run(events: Path, output: Path, master: str, *extra: str) -> tuple[float, float]:
     """(wall seconds, job seconds) of one ``pidgate analyze activity`` run."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "pidgate", "analyze", "activity", "--events", str(events),
-         "--output", str(output), "--master", master],
+         "--output", str(output), "--master", master, *extra],
         capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
     wall_s = time.perf_counter() - started
@@ -73,8 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     local = _run(events, args.dir / "out-local", "local[2]")
     print(f"local[2]: {local[0]:.1f} s end to end, job {local[1]:.1f} s", flush=True)
     with standalone_cluster(args.dir / "cluster", cores=2, memory="2g") as cluster:
-        remote = _run(events, args.dir / "out-cluster", cluster.master_url)
-    print(f"cluster ({cluster.master_url}, 1 worker, 2 cores): "
+        # The shuffle partitions local[2] gets by default (Spark's 200 suit big clusters).
+        remote = _run(
+            events, args.dir / "out-cluster", cluster.master_url,
+            "--conf", f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}",
+        )  # fmt: skip
+    print(f"cluster ({cluster.master_url}, 1 worker, 2 cores, "
+          f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}): "
           f"{remote[0]:.1f} s end to end, job {remote[1]:.1f} s")  # fmt: skip
     print(f"ratio cluster/local: job {remote[1] / local[1]:.2f}x, "
           f"end to end {remote[0] / local[0]:.2f}x")  # fmt: skip

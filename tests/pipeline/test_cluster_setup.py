@@ -72,6 +72,7 @@ def test_the_users_conf_wins_over_the_local_defaults(spark: SparkSession) -> Non
         spark.conf.set(key, "2")
 
 
+@pytest.mark.filterwarnings("ignore:Cannot infer the eval type")
 def test_a_missing_module_on_the_executors_is_named(spark: SparkSession) -> None:
     @F.udf("string")
     def needs_a_module(value: str) -> str:
