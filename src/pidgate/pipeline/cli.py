@@ -10,7 +10,11 @@
 
 Paths may be local or any Hadoop filesystem URI; ``--output`` defaults to
 ``./pidgate-reports/<job>/``. ``--master`` defaults to ``local[*]`` (or the master spark-submit
-chose). Job modules are imported only when their job runs.
+chose); every job also takes ``--conf KEY=VALUE`` (repeatable, wins), ``--driver-host``,
+``--executor-python`` and ``--no-ship`` for clusters (:mod:`pidgate.pipeline.spark`). On a
+cluster the executors are checked before the job (:mod:`pidgate.pipeline.executors`), and
+after it a local output without data files, or a footprint that read nothing, is an error.
+Job modules are imported only when their job runs.
 
 Inputs are checked before Spark starts (:mod:`pidgate.pipeline.inputs`): a missing path, a bad
 quota config or an empty period is one line on stderr and exit code 2. While Spark runs, stage

@@ -48,8 +48,9 @@ def hint(cause: str) -> str | None:
     missing = _MISSING_MODULE.search(cause)
     if missing:
         return (
-            f"the executors' Python lacks {missing.group(1)}: let pidgate ship its packages "
-            "(without --no-ship), or install pidgate[analyze] on the workers"
+            f"the executors' Python lacks {missing.group(1)}: install pidgate[analyze] on the "
+            "workers, or ship an environment that has it (pidgate ships its own packages "
+            "unless --no-ship)"
         )
     if "JAVA_GATEWAY_EXITED" in cause:
         return "Spark's JVM did not start: check Java 17 (java -version) and the lines above"
