@@ -62,6 +62,12 @@ def analyze(*argv: str, timeout_s: float = 400) -> subprocess.CompletedProcess[s
     )
 
 
+def on(cluster: StandaloneCluster) -> list[str]:
+    """``--master`` and, as a user of a 2-core cluster would, fewer shuffle partitions than
+    Spark's 200 (tiny inputs: saves minutes of empty tasks)."""
+    return ["--master", cluster.master_url, "--conf", "spark.sql.shuffle.partitions=4"]
+
+
 def analyze_here(*argv: str) -> int:
     """The same job in this process, on the shared local[2] session."""
     root = argparse.ArgumentParser(prog="pidgate")
@@ -104,7 +110,7 @@ def test_activity_on_the_cluster_equals_local(
 ) -> None:
     done = analyze(
         "activity", "--events", str(events), "--output", str(tmp_path / "c"),
-        "--master", cluster.master_url,
+        *on(cluster),
     )  # fmt: skip
     stderr = ok(done)
     # The progress line names the real master; the executors are the worker's bare Python.
@@ -119,7 +125,7 @@ def test_backtest_on_the_cluster_equals_local(
 ) -> None:
     quota = DATA / "recorded_quota.yaml"
     args = ["backtest", "--events", str(events), "--quota-config", str(quota)]
-    ok(analyze(*args, "--output", str(tmp_path / "c"), "--master", cluster.master_url))
+    ok(analyze(*args, "--output", str(tmp_path / "c"), *on(cluster)))
     assert analyze_here(*args, "--output", str(tmp_path / "l")) == 0
     assert_same_tables(tmp_path / "c", tmp_path / "l")
 
@@ -132,7 +138,7 @@ def test_footprint_on_the_cluster_equals_local(
         batches_per_segment=30, seed=7,
     )  # fmt: skip
     args = ["footprint", "--log-dirs", *logs.log_dirs]
-    ok(analyze(*args, "--output", str(tmp_path / "c"), "--master", cluster.master_url))
+    ok(analyze(*args, "--output", str(tmp_path / "c"), *on(cluster)))
     assert analyze_here(*args, "--output", str(tmp_path / "l")) == 0
     assert_same_tables(tmp_path / "c", tmp_path / "l")
     assert len(tables(tmp_path / "c")["segment_pids.parquet"]) > 0
@@ -151,7 +157,7 @@ def test_snapshots_on_the_cluster_equal_local(
     )  # fmt: skip
     log_dir = Path(logs.log_dirs[0])
     shutil.copytree(log_dir, tmp_path / "copy")
-    done = analyze("snapshots", "--log-dir", str(log_dir), "--master", cluster.master_url)
+    done = analyze("snapshots", "--log-dir", str(log_dir), *on(cluster))
     ok(done)
     assert analyze_here("snapshots", "--log-dir", str(tmp_path / "copy")) == 0
     written = snapshot_files(log_dir)
