@@ -94,3 +94,31 @@ def test_activity_and_backtest_jobs(spark: SparkSession, tmp_path: Path) -> None
     )
     assert run_analyze(bad) == 2
     assert SparkSession.getActiveSession() is not None  # the shared session was left running
+
+
+def test_a_footprint_that_read_nothing_fails(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    partition = tmp_path / "logs" / "orders-0"
+    partition.mkdir(parents=True)
+    (partition / "00000000000000000000.log").write_bytes(b"not a record batch")
+    args = parser().parse_args(
+        ["analyze", "footprint", "--log-dirs", str(tmp_path / "logs"), "--output",
+         str(tmp_path / "out")]
+    )  # fmt: skip
+    assert run_analyze(args) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"pidgate analyze footprint: --log-dirs {tmp_path / 'logs'}: read 0 ")
+    assert "1 unreadable, first " in last and "00000000000000000000.log" in last
+
+
+def test_a_log_dir_without_files_is_refused_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    args = parser().parse_args(["analyze", "snapshots", "--log-dir", str(tmp_path / "empty")])
+    assert run_analyze(args) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"pidgate analyze snapshots: --log-dir {tmp_path / 'empty'}: no files there "
+        "(nothing to read)"
+    )

@@ -10,7 +10,11 @@
 
 Paths may be local or any Hadoop filesystem URI; ``--output`` defaults to
 ``./pidgate-reports/<job>/``. ``--master`` defaults to ``local[*]`` (or the master spark-submit
-chose). Job modules are imported only when their job runs.
+chose); every job also takes ``--conf KEY=VALUE`` (repeatable, wins), ``--driver-host``,
+``--executor-python`` and ``--no-ship`` for clusters (:mod:`pidgate.pipeline.spark`). On a
+cluster the executors are checked before the job (:mod:`pidgate.pipeline.executors`), and
+after it a local output without data files, or a footprint that read nothing, is an error.
+Job modules are imported only when their job runs.
 
 Inputs are checked before Spark starts (:mod:`pidgate.pipeline.inputs`): a missing path, a bad
 quota config or an empty period is one line on stderr and exit code 2. While Spark runs, stage
@@ -40,9 +44,43 @@ def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
             help="directory (or Hadoop URI) for Parquet and report.html; "
             "default ./pidgate-reports/<job>/",
         )
-    parser.add_argument(
+    spark = parser.add_argument_group("Spark")
+    spark.add_argument(
         "--master", metavar="URL", help="Spark master; default local[*] or spark-submit's"
     )
+    spark.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        type=_conf_pair,
+        metavar="KEY=VALUE",
+        help="a Spark setting, repeatable, winning over pidgate's own; default: none",
+    )
+    spark.add_argument(
+        "--driver-host",
+        metavar="ADDRESS",
+        help="address the executors connect back to; default: the local address that routes "
+        "to the master's host",
+    )
+    spark.add_argument(
+        "--executor-python",
+        metavar="PATH",
+        help="the executors' Python on a cluster; default PYSPARK_PYTHON or python3",
+    )
+    spark.add_argument(
+        "--no-ship",
+        dest="ship",
+        action="store_false",
+        help="do not ship pidgate and its packages to a cluster's executors (they have them); "
+        "default: shipped for non-local masters",
+    )
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return key.strip(), value
 
 
 def _expiration(parser: argparse.ArgumentParser) -> None:
@@ -151,6 +189,33 @@ def _check_expiration(expiration_ms: int) -> None:
         raise InputError(f"--expiration-ms {expiration_ms}: must be a positive number of ms")
 
 
+def _local_paths(args: argparse.Namespace, prepared: dict[str, Any]) -> list[Any]:
+    """The local paths of this job, for the executors to prove they share them."""
+    from pidgate.pipeline.executors import LocalPath, sample_files
+    from pidgate.pipeline.inputs import InputError, is_local_path
+
+    job: str = args.job
+    checks = []
+    events = prepared.get("events")
+    if events is not None and events.local:
+        checks.append(LocalPath("--events", args.events, sample_files(events.paths)))
+    for flag, paths in (
+        ("--log-dirs", getattr(args, "log_dirs", None) or []),
+        ("--log-dir", [args.log_dir] if job == "snapshots" else []),
+    ):
+        for path in paths:
+            if is_local_path(path):
+                files = sample_files([path])
+                if not files:
+                    raise InputError(f"{flag} {path}: no files there (nothing to read)")
+                checks.append(LocalPath(flag, path, files))
+    output = _output(args)
+    if job != "snapshots" and is_local_path(output):
+        local = Path(output.removeprefix("file://").removeprefix("file:")).expanduser()
+        checks.append(LocalPath("--output", str(local.absolute()), output=True))
+    return checks
+
+
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything checkable without Spark, checked: raises InputError (one line)."""
     from pidgate.pipeline.inputs import InputError, check_local_dirs, check_period, event_files
@@ -180,16 +245,8 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     elif job == "snapshots":
         check_local_dirs([args.log_dir], "--log-dir")
         _check_expiration(args.expiration_ms)
+    prepared["local_paths"] = _local_paths(args, prepared)
     return prepared
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            return line[:300]
-    return type(error).__name__
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -221,11 +278,15 @@ def run_analyze(args: argparse.Namespace) -> int:
     except Exception as error:
         if os.environ.get("PIDGATE_DEBUG"):
             raise
-        print(
-            f"{prog}: failed: {type(error).__name__}: {_first_line(error)} "
-            "(PIDGATE_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
-        )
+        from pidgate.pipeline.errors import JobError, one_line
+
+        if isinstance(error, JobError):
+            print(f"{prog}: {error}", file=sys.stderr)
+        else:
+            print(
+                f"{prog}: failed: {one_line(error)} (PIDGATE_DEBUG=1 shows the traceback)",
+                file=sys.stderr,
+            )
         return 1
     finally:
         progress.close()
@@ -233,19 +294,79 @@ def run_analyze(args: argparse.Namespace) -> int:
             events.cleanup()
 
 
+def _start_spark(
+    args: argparse.Namespace, prepared: dict[str, Any], progress: Any, owned: bool
+) -> Any:
+    """The session for this job; on a cluster, with its executors checked."""
+    from pidgate.pipeline.masters import is_local
+    from pidgate.pipeline.spark import ClusterOptions, effective_master, spark_session
+
+    options = ClusterOptions(
+        conf=dict(args.conf),
+        driver_host=args.driver_host,
+        ship=args.ship,
+        executor_python=args.executor_python,
+    )
+    master = effective_master(args.master, options.conf)
+    if owned:
+        named = master or "the master spark-submit chose"
+        progress.stage(f"pidgate analyze {args.job}: starting Spark ({named}) ...")
+    spark = spark_session(args.master, app_name=f"pidgate-{args.job}", options=options)
+    progress.watch(spark)
+    if owned and master and not is_local(master):
+        from pidgate.pipeline.executors import check_executors
+
+        progress.stage("checking the executors (Python, packages, local paths) ...")
+        try:
+            hosts = check_executors(spark, master, prepared["local_paths"], shipped=args.ship)
+        except BaseException:
+            from pidgate.pipeline.spark import stop_session
+
+            stop_session()
+            raise
+        progress.stage(f"executors ready on {', '.join(hosts)}")
+    return spark
+
+
+def _check_written(spark: Any, args: argparse.Namespace, report: Any) -> None:
+    """Raise JobError when a job's local output holds no data files (executors that wrote
+    elsewhere) or, for footprint, when nothing at all was read."""
+    from pidgate.pipeline.errors import JobError
+    from pidgate.pipeline.inputs import is_local_path
+
+    output = _output(args)
+    if not is_local_path(output):
+        return
+    directory = Path(str(report)).parent
+    for table in sorted(directory.glob("*.parquet")):
+        if not any(p.name.startswith("part-") for p in table.iterdir()):
+            raise JobError(
+                f"--output {output}: {table.name} holds no data files, only what the driver "
+                "wrote: the executors wrote to a filesystem it does not see; use storage every "
+                "worker shares at the same path, or a Hadoop URI (hdfs://, s3a://)"
+            )
+    if args.job == "footprint":
+        rows = spark.read.parquet(str(directory / "segment_pids.parquet")).count()
+        if rows == 0:
+            errors = spark.read.parquet(str(directory / "errors.parquet"))
+            first = errors.select("segment", "error").first()
+            why = f"; {errors.count()} unreadable, first {first[0]}: {first[1]}" if first else ""
+            raise JobError(
+                f"--log-dirs {' '.join(args.log_dirs)}: read 0 batches from the segment "
+                f"files there{why}"
+            )
+
+
 def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) -> int:
     from pyspark.sql import SparkSession
 
     from pidgate.pipeline.inputs import check_remote_exists
-    from pidgate.pipeline.spark import spark_session, stop_session
+    from pidgate.pipeline.spark import stop_session
 
     job: str = args.job
     # A session that already exists (a notebook, a test) is used and left running.
     owned = SparkSession.getActiveSession() is None
-    if owned:
-        progress.stage(f"pidgate analyze {job}: starting Spark ({args.master or 'local[*]'}) ...")
-    spark = spark_session(args.master, app_name=f"pidgate-{job}")
-    progress.watch(spark)
+    spark = _start_spark(args, prepared, progress, owned)
     try:
         if job == "activity":
             from pidgate.pipeline.activity import run_activity
@@ -295,6 +416,7 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
         else:  # argparse only lets the jobs above through
             print(f"pidgate analyze: unknown job {job!r}", file=sys.stderr)
             return 2
+        _check_written(spark, args, report)
         progress.stage("done")
         for line in progress.summary:
             print(line)
