@@ -1,0 +1,273 @@
+"""The executor side of ``pidgate analyze footprint``: one pass over whole partitions.
+
+Each Spark task gets a few Kafka partitions (every segment file of each) and, per partition:
+
+1. walks each segment file with :func:`pidgate.pipeline.segments.iter_segment` (batch headers
+   only, every CRC-32C checked), pre-aggregated per producer id (:func:`parse_segment`: one
+   ``segment`` row per PID seen in the file, -1 for batches without one, and one ``file`` row
+   with the file's batches, bytes, newest timestamp and, if it could not be read to the end,
+   where and why; the good batches before the damage still count);
+2. folds those rows into the partition's producer state (:func:`summarize_partition`): per PID
+   its last batch (highest offset) and whether Kafka still holds it, and the partition's counts.
+
+Everything comes back as Arrow batches of :data:`SCAN_ARROW_SCHEMA` rows told apart by
+``kind``, so one cached pass gives the driver its small rows (``file``, ``partition``) and the
+writers their big ones (``segment``, ``pid``). A partition is parsed by one task: the largest
+partition bounds the job's time, and no shuffle is needed.
+
+Light on purpose: every Python worker imports this module, so it must not import pandas,
+matplotlib, pyspark.sql or the driver-side :mod:`pidgate.pipeline.footprint`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from pidgate.pipeline.segments import SegmentError, iter_segment
+
+__all__ = [
+    "SCAN_ARROW_SCHEMA",
+    "LastWrite",
+    "PartitionCounts",
+    "SegmentTask",
+    "parse_segment",
+    "scan_partitions",
+    "summarize_partition",
+]
+
+SegmentTask = tuple[str, str, str, int, str]
+"""(log_dir, broker, topic, partition, segment path)."""
+
+_LOG_OVERHEAD_BYTES = 12  # base_offset + batch_length: a batch occupies 12 + batch_length
+
+SCAN_ARROW_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),  # segment | file | pid | partition
+        ("log_dir", pa.string()),
+        ("broker", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("segment", pa.string()),  # segment, file
+        # segment: per (file, PID); pid: per (partition, PID), of its last batch
+        ("producer_id", pa.int64()),  # -1: batches without a PID
+        ("producer_epoch", pa.int32()),
+        ("batches", pa.int64()),  # segment, file, pid
+        ("bytes", pa.int64()),  # segment, file, pid
+        ("max_timestamp", pa.int64()),  # segment: over the PID's batches; file: all batches
+        ("last_offset", pa.int64()),
+        ("last_timestamp", pa.int64()),  # max_timestamp of the PID's last batch
+        ("is_transactional", pa.bool_()),  # segment: of the PID's last batch
+        ("is_control", pa.bool_()),  # segment: of the PID's last batch
+        ("byte_position", pa.int64()),  # file: where the damage starts (null: unreadable)
+        ("error", pa.string()),  # file: why it could not be read to the end
+        ("txn_open", pa.bool_()),  # pid
+        ("partition_newest_timestamp", pa.int64()),  # pid, partition
+        ("age_ms", pa.int64()),  # pid
+        ("active", pa.bool_()),  # pid: Kafka still holds its entry
+        ("active_pids", pa.int64()),  # partition
+        ("open_transactions", pa.int64()),  # partition: of the active PIDs
+        ("pid_partitions", pa.int64()),  # partition: PIDs seen
+    ]
+)
+"""The rows the executors send back, one schema for every ``kind``; see the module docstring."""
+
+_WIDTH = len(SCAN_ARROW_SCHEMA)
+_FILE_FIELDS = 16  # parse_segment's rows: log_dir .. error
+
+
+class LastWrite(NamedTuple):
+    """A PID's last write to a partition (the ``last_writes`` output, plus age and state)."""
+
+    log_dir: str
+    broker: str
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    last_offset: int
+    last_timestamp: int
+    txn_open: bool
+    batches: int
+    bytes: int
+    partition_newest_timestamp: int
+    age_ms: int
+    active: bool
+
+
+class PartitionCounts(NamedTuple):
+    """What one partition holds (``partition`` rows)."""
+
+    log_dir: str
+    broker: str
+    topic: str
+    partition: int
+    partition_newest_timestamp: int
+    active_pids: int
+    open_transactions: int
+    pid_partitions: int
+
+
+def parse_segment(task: SegmentTask, verify_crc: bool = True) -> list[tuple[Any, ...]]:
+    """Rows for one segment file (fields ``log_dir`` .. ``error`` of
+    :data:`SCAN_ARROW_SCHEMA`): one per producer id seen (-1 for batches without one), then the
+    file's own row (``producer_id`` null)."""
+    log_dir, broker, topic, partition, path = task
+    # pid -> [epoch, batches, bytes, max_ts, last_offset, last_ts, txn, control]
+    per_pid: dict[int, list[Any]] = {}
+    batches = 0
+    size_bytes = 0
+    newest: int | None = None
+    error: tuple[int | None, str | None] = (None, None)
+    try:
+        for batch in iter_segment(path, verify_crc=verify_crc, markers=False):
+            h = batch.header
+            last_offset = h.base_offset + h.last_offset_delta
+            size = h.batch_length + _LOG_OVERHEAD_BYTES
+            batches += 1
+            size_bytes += size
+            if newest is None or h.max_timestamp > newest:
+                newest = h.max_timestamp
+            row = per_pid.get(h.producer_id)
+            if row is None:
+                per_pid[h.producer_id] = [
+                    h.producer_epoch,
+                    1,
+                    size,
+                    h.max_timestamp,
+                    last_offset,
+                    h.max_timestamp,
+                    h.is_transactional,
+                    h.is_control,
+                ]
+                continue
+            row[1] += 1
+            row[2] += size
+            if h.max_timestamp > row[3]:
+                row[3] = h.max_timestamp
+            if last_offset >= row[4]:
+                row[0] = h.producer_epoch
+                row[4] = last_offset
+                row[5] = h.max_timestamp
+                row[6] = h.is_transactional
+                row[7] = h.is_control
+    except SegmentError as exc:
+        error = (exc.offset, exc.reason)
+    except OSError as exc:
+        error = (None, f"cannot read: {exc}")
+    key = (log_dir, broker, topic, partition, path)
+    out: list[tuple[Any, ...]] = [
+        (*key, pid, *values, None, None) for pid, values in per_pid.items()
+    ]
+    out.append((*key, None, None, batches, size_bytes, newest, None, None, None, None, *error))
+    return out
+
+
+def summarize_partition(
+    segment_rows: Iterable[tuple[Any, ...]], expiration_ms: int
+) -> tuple[list[LastWrite], PartitionCounts | None]:
+    """Fold one partition's :func:`parse_segment` PID rows (any file order) into its producer
+    state: per PID its last batch (highest offset; Kafka keys expiry on that batch's
+    max_timestamp) and whether Kafka still holds it (``newest - last_timestamp <
+    expiration_ms``, KIP-854, or a transaction still open: Kafka never expires those, its
+    ``isProducerExpired``), the reference "now" being the partition's newest timestamp over all
+    its batches, with or without PID (batch timestamps may be out of order). ``None`` counts
+    when the partition has no batch."""
+    newest: int | None = None
+    # pid -> (last_offset, last_ts, epoch, txn, control) of the last batch, batches, bytes
+    last: dict[int, list[Any]] = {}
+    key: tuple[str, str, str, int] = ("", "", "", 0)
+    for row in segment_rows:
+        key = (row[0], row[1], row[2], row[3])
+        pid, epoch, batches, size, max_ts, last_offset, last_ts, txn, control = row[5:14]
+        if newest is None or max_ts > newest:
+            newest = max_ts
+        if pid < 0:
+            continue
+        position = (last_offset, last_ts, epoch, txn, control)
+        seen = last.get(pid)
+        if seen is None:
+            last[pid] = [position, batches, size]
+            continue
+        if position > seen[0]:  # the order Spark's max(struct(...)) gave before: offset first
+            seen[0] = position
+        seen[1] += batches
+        seen[2] += size
+    if newest is None:
+        return [], None
+    writes: list[LastWrite] = []
+    active_pids = 0
+    open_txns = 0
+    for pid, ((last_offset, last_ts, epoch, txn, control), batches, size) in last.items():
+        txn_open = bool(txn and not control)
+        age_ms = newest - last_ts
+        active = txn_open or age_ms < expiration_ms
+        active_pids += active
+        open_txns += active and txn_open
+        writes.append(
+            LastWrite(
+                *key,
+                pid,
+                epoch,
+                last_offset,
+                last_ts,
+                txn_open,
+                batches,
+                size,
+                newest,
+                age_ms,
+                active,
+            )
+        )
+    counts = PartitionCounts(*key, newest, active_pids, open_txns, len(last))
+    return writes, counts
+
+
+def _partition_rows(
+    files: Sequence[SegmentTask], expiration_ms: int, verify_crc: bool
+) -> Iterator[tuple[Any, ...]]:
+    """Every :data:`SCAN_ARROW_SCHEMA` row of one partition (its segment files)."""
+    pad_file = (None,) * (_WIDTH - 1 - _FILE_FIELDS)
+    pid_rows: list[tuple[Any, ...]] = []
+    for task in files:
+        rows = parse_segment(task, verify_crc)
+        pid_rows.extend(rows[:-1])
+        for row in rows[:-1]:
+            yield ("segment", *row, *pad_file)
+        yield ("file", *rows[-1], *pad_file)
+    writes, counts = summarize_partition(pid_rows, expiration_ms)
+    for w in writes:
+        yield (
+            "pid", w.log_dir, w.broker, w.topic, w.partition, None,
+            w.producer_id, w.producer_epoch, w.batches, w.bytes, None,
+            w.last_offset, w.last_timestamp, None, None, None, None,
+            w.txn_open, w.partition_newest_timestamp, w.age_ms, w.active, None, None, None,
+        )  # fmt: skip
+    if counts is not None:
+        yield (
+            "partition", *counts[:4], *(None,) * 13, counts.partition_newest_timestamp,
+            None, None, counts.active_pids, counts.open_transactions, counts.pid_partitions,
+        )  # fmt: skip
+
+
+def _arrow_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * _WIDTH
+    arrays = [pa.array(c, f.type) for c, f in zip(columns, SCAN_ARROW_SCHEMA, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=SCAN_ARROW_SCHEMA)
+
+
+def scan_partitions(
+    slices: Sequence[Sequence[Sequence[SegmentTask]]], expiration_ms: int, verify_crc: bool
+) -> Any:  # the function DataFrame.mapInArrow runs
+    """The function ``mapInArrow`` runs over ``spark.range(len(slices))``: each input id names
+    a slice (partitions, each a list of its segment files); one Arrow batch per partition."""
+
+    def scan(ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for id_batch in ids:
+            for slice_id in id_batch.column(0).to_pylist():
+                for files in slices[slice_id]:
+                    yield _arrow_batch(list(_partition_rows(files, expiration_ms, verify_crc)))
+
+    return scan
