@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
@@ -21,12 +22,17 @@ from pidgate.pipeline.footprint import (
     PARTITIONS_SCHEMA,
     broker_footprint,
     check_read,
-    distinct_pids,
     partition_footprint,
     run_footprint,
     top_partitions,
 )
-from pidgate.pipeline.footprint_scan import PartitionCounts, parse_segment, summarize_partition
+from pidgate.pipeline.footprint_scan import (
+    arrow_batch,
+    count_distinct_pids,
+    parse_segment,
+    state_rows,
+    summarize_partition,
+)
 from pidgate.pipeline.inputs import InputError
 from pidgate.pipeline.logdirs import broker_name, generate_log_dirs
 from pidgate.pipeline.segments import (
@@ -57,33 +63,33 @@ def seg_row(
 
 
 def tables(
-    spark: SparkSession, rows: list[tuple[Any, ...]], expiration_ms: int
+    rows: list[tuple[Any, ...]], expiration_ms: int
 ) -> tuple[list[tuple[Any, ...]], pd.DataFrame, pd.DataFrame]:
     """What the job computes from PID rows: last writes (as plain tuples, with age and
-    active), the partitions table and the brokers table (distinct PIDs counted by Spark)."""
+    active), the partitions table and the brokers table."""
     by_partition: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
     for row in rows:
         by_partition.setdefault(row[:4], []).append(row)
     writes: list[tuple[Any, ...]] = []
-    counts: list[PartitionCounts] = []
+    scanned: list[tuple[Any, ...]] = []
     for part_rows in by_partition.values():
         # files come in any order: reversed, a later file's rows come first
         part_writes, part_counts = summarize_partition(reversed(part_rows), expiration_ms)
         writes += [tuple(w) for w in part_writes]
-        if part_counts is not None:
-            counts.append(part_counts)
-    partitions = partition_footprint(pd.DataFrame(counts, columns=PartitionCounts._fields))
-    pid_rows = [("pid", w[1], w[4], w[13]) for w in writes]
-    pids = spark.createDataFrame(
-        pid_rows, "kind string, broker string, producer_id long, active boolean"
+        scanned += state_rows(part_writes, part_counts)
+    # the distinct count, over the pid rows split in two tasks by PID as the shuffle does
+    tasks = [[r for r in scanned if (r[6] or 0) % 2 == n] for n in (0, 1)]
+    small = pd.concat(
+        pa.Table.from_batches(count_distinct_pids([arrow_batch(t)])).to_pandas() for t in tasks
     )
-    brokers = broker_footprint(partitions, distinct_pids(pids).toPandas())
+    partitions = partition_footprint(small[small["kind"] == "partition"])
+    brokers = broker_footprint(partitions, small)
     return sorted(writes), partitions, brokers
 
 
-def test_empty_input(spark: SparkSession) -> None:
+def test_empty_input() -> None:
     assert summarize_partition([], 1_000) == ([], None)
-    writes, partitions, brokers = tables(spark, [], 1_000)
+    writes, partitions, brokers = tables([], 1_000)
     assert writes == [] and partitions.empty and brokers.empty
     assert list(partitions.columns) == [
         "log_dir",
@@ -98,14 +104,14 @@ def test_empty_input(spark: SparkSession) -> None:
     ]
 
 
-def test_one_pid(spark: SparkSession) -> None:
-    writes, partitions, brokers = tables(spark, [seg_row(7, 41, 5_000)], 86_400_000)
+def test_one_pid() -> None:
+    writes, partitions, brokers = tables([seg_row(7, 41, 5_000)], 86_400_000)
     assert [w[:12] for w in writes] == [("/d", "b0", "t", 0, 7, 0, 41, 5_000, False, 1, 100, 5_000)]
     assert partitions.values.tolist() == [["/d", "b0", "t", 0, 1, 1, 0, ENTRY_BYTES, 10 + 46]]
     assert brokers.values.tolist() == [["b0", 1, 1, 1, 0, ENTRY_BYTES]]
 
 
-def test_out_of_order_timestamps_and_the_expiration_boundary(spark: SparkSession) -> None:
+def test_out_of_order_timestamps_and_the_expiration_boundary() -> None:
     rows = [
         # PID 1: an earlier segment holds its highest timestamp, its LAST batch (offset 20) an
         # older one; Kafka keys expiry on the last batch's timestamp: 1_000.
@@ -117,7 +123,7 @@ def test_out_of_order_timestamps_and_the_expiration_boundary(spark: SparkSession
         seg_row(-1, 30, 12_000, segment="s1"),  # no PID, but it sets the partition's newest
         seg_row(9, 3, 50, partition=1),  # another partition, its own clock: active
     ]
-    writes, partitions, brokers = tables(spark, rows, 11_000)  # PID 1 is 11_000 ms old
+    writes, partitions, brokers = tables(rows, 11_000)  # PID 1 is 11_000 ms old
     assert [w[:12] for w in writes] == [
         ("/d", "b0", "t", 0, 1, 1, 20, 1_000, False, 2, 200, 12_000),
         ("/d", "b0", "t", 0, 2, 0, 15, 1_001, False, 1, 100, 12_000),
@@ -140,11 +146,11 @@ def test_out_of_order_timestamps_and_the_expiration_boundary(spark: SparkSession
     assert brokers[
         ["broker", "estimated_entries", "distinct_pids", "partitions"]
     ].values.tolist() == [["b0", 3, 3, 2]]
-    writes, _, _ = tables(spark, rows, 11_001)
+    writes, _, _ = tables(rows, 11_001)
     assert [w[13] for w in writes if w[4] == 1] == [True]
 
 
-def test_brokers_count_a_pid_once_per_partition_and_once_in_distinct(spark: SparkSession) -> None:
+def test_brokers_count_a_pid_once_per_partition_and_once_in_distinct() -> None:
     rows = [
         seg_row(5, 1, 1_000, partition=0),
         seg_row(5, 1, 1_000, partition=1),  # the same PID in another partition of b0
@@ -153,7 +159,7 @@ def test_brokers_count_a_pid_once_per_partition_and_once_in_distinct(spark: Spar
         seg_row(7, 1, 0, partition=2, broker="b1"),
         seg_row(-1, 2, 9_000, partition=2, broker="b1"),  # PID 7 is 9_000 ms old: expired
     ]
-    _, partitions, brokers = tables(spark, rows, 5_000)
+    _, partitions, brokers = tables(rows, 5_000)
     assert brokers.values.tolist() == [
         ["b0", 3, 2, 2, 0, 3 * ENTRY_BYTES],
         ["b1", 1, 1, 1, 0, ENTRY_BYTES],
@@ -194,7 +200,12 @@ def test_parse_segment_reports_a_damaged_file_and_keeps_its_good_batches(tmp_pat
     assert "truncated batch at base offset 2" in error[15]
 
 
-def test_end_to_end_on_a_generated_log_dir(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("executor_writes", [True, False], ids=["executor-writes", "spark-writes"])
+def test_end_to_end_on_a_generated_log_dir(
+    spark: SparkSession, tmp_path: Path, executor_writes: bool
+) -> None:
+    """Both ways of writing the big tables (the tasks with pyarrow, or Spark's writers from
+    the cache) give the same tables."""
     generated = generate_log_dirs(
         str(tmp_path / "logs"),
         brokers=2,
@@ -207,8 +218,13 @@ def test_end_to_end_on_a_generated_log_dir(spark: SparkSession, tmp_path: Path) 
     broken = sorted((Path(generated.log_dirs[1]) / "topic-0-1").glob("*.log"))[-1]
     broken.write_bytes(broken.read_bytes()[:-10])
     out = tmp_path / "out"
-    report = run_footprint(spark, generated.log_dirs, 86_400_000, str(out))
+    (out / "last_writes.parquet").mkdir(parents=True)  # an earlier run's table is replaced
+    (out / "last_writes.parquet" / "part-99999.parquet").write_bytes(b"stale")
+    report = run_footprint(
+        spark, generated.log_dirs, 86_400_000, str(out), executor_writes=executor_writes
+    )
     assert report == out / "report.html"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "out"]  # no staging left
     html = report.read_text()
     assert "Top partitions" in html and "data:image/png;base64," in html
     assert str(broken) in html  # the damaged file is named in the report

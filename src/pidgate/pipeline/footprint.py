@@ -9,11 +9,14 @@ still count) and the other files are processed normally; when no batch at all co
 the job raises :class:`~pidgate.pipeline.inputs.InputError` naming the log dirs and what was
 found, and writes nothing.
 
-Few Spark jobs, since each costs a fixed 0.3-2 s on a small machine: one parses into the cache
-and collects the small rows (per file and per partition); then, at once, one counts distinct
-PIDs per broker (:func:`distinct_pids`, the only shuffle) and three write the big tables.
-The small tables are computed on the driver with pandas (:func:`partition_footprint`,
-:func:`broker_footprint`, :func:`top_partitions`) and written without a job on local paths
+Few Spark jobs, since each costs a fixed 0.3-2 s on a small machine. With a local output and a
+local master, ONE: the tasks parse and write the big tables (``segment_pids``, ``last_writes``,
+``active_pids``) themselves, then the rows are hash-partitioned by PID to count distinct PIDs
+per broker (:func:`small_rows`, the only shuffle) and the small rows come back. Otherwise (an
+``hdfs://``/``s3a://`` output, a cluster) the parse is cached, that job collects the small rows,
+and Spark's writers write the big tables, three jobs at once. The small tables are computed on
+the driver with pandas (:func:`partition_footprint`, :func:`broker_footprint`,
+:func:`top_partitions`) and written without a job on local paths
 (:mod:`pidgate.pipeline.parquet_tables`).
 
 Kafka's rules (KIP-854): an entry expires when ``now - timestamp >=
@@ -34,8 +37,9 @@ These are estimates of live heap, not measurements.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +57,19 @@ from pyspark.sql.types import (
     StructField,
     StructType,
 )
-from pyspark.util import inheritable_thread_target
 
 from pidgate.pipeline.footprint_scan import (
+    BIG_TABLES,
     SCAN_ARROW_SCHEMA,
     SegmentTask,
+    count_distinct_pids,
     parse_segment,
     scan_partitions,
 )
 from pidgate.pipeline.inputs import InputError
 from pidgate.pipeline.logdirs import discover_partitions, list_segments
-from pidgate.pipeline.parquet_tables import write_tables
-from pidgate.pipeline.report import Section, write_report
+from pidgate.pipeline.parquet_tables import local_path, write_tables
+from pidgate.pipeline.report import Section, is_local_uri, write_report
 from pidgate.pipeline.segments import SNAPSHOT_ENTRY_BYTES, SNAPSHOT_HEADER_BYTES
 
 __all__ = [
@@ -76,13 +81,14 @@ __all__ = [
     "OPEN_TXN_BYTES",
     "PARTITIONS_SCHEMA",
     "SEGMENT_PIDS_SCHEMA",
+    "big_tables",
     "broker_footprint",
-    "distinct_pids",
     "parse_segment",
     "partition_footprint",
     "run_footprint",
     "scan",
     "segment_tasks",
+    "small_rows",
     "top_partitions",
 ]
 
@@ -175,7 +181,6 @@ BROKERS_SCHEMA = StructType(
 """One row per broker holding active PIDs: the ``brokers`` output."""
 
 _SCAN_SCHEMA = from_arrow_schema(SCAN_ARROW_SCHEMA)
-_SMALL_KINDS = ("file", "partition")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,10 +218,12 @@ def scan(
     partitions: list[list[SegmentTask]],
     expiration_ms: int = DEFAULT_EXPIRATION_MS,
     verify_crc: bool = True,
+    write_dir: str | None = None,
 ) -> DataFrame:
     """Parse the partitions on the executors: a DataFrame of
     :data:`~pidgate.pipeline.footprint_scan.SCAN_ARROW_SCHEMA` rows, ``segment``/``file``
-    per file, ``pid``/``partition`` per partition (no shuffle).
+    per file, ``pid``/``partition`` per partition (no shuffle). With ``write_dir`` the tasks
+    write the big tables there and leave out the ``segment`` rows.
 
     Spark tasks: one per ``SLICE_BYTES`` of input, at least two per core, at most one per
     partition; partitions go largest first to the lightest slice. ``spark.range`` hands each
@@ -229,22 +236,25 @@ def scan(
     count = max(1, min(len(partitions), max(parallel, by_size), 10_000))
     slices = _slices(partitions, sizes, count)
     ids = spark.range(0, count, 1, count)
-    return ids.mapInArrow(scan_partitions(slices, expiration_ms, verify_crc), _SCAN_SCHEMA)
+    parse = scan_partitions(slices, expiration_ms, verify_crc, write_dir)
+    return ids.mapInArrow(parse, _SCAN_SCHEMA)
 
 
-def _rows(scanned: DataFrame, kind: str, schema: StructType) -> DataFrame:
-    return scanned.where(F.col("kind") == kind).select(*schema.fieldNames())
+def small_rows(scanned: DataFrame) -> DataFrame:
+    """What the driver collects: the ``file`` and ``partition`` rows, and the distinct PIDs
+    (``broker`` and ``overall`` rows, to be summed), counted over the ``pid`` rows
+    hash-partitioned by producer id (one shuffle)."""
+    rows = scanned.where(F.col("kind") != "segment")
+    return rows.repartition("producer_id").mapInArrow(count_distinct_pids, _SCAN_SCHEMA)
 
 
-def distinct_pids(scanned: DataFrame) -> DataFrame:
-    """Distinct producer ids: active ones per broker (``broker`` set) and all seen overall
-    (``broker`` null), from the ``pid`` rows: the one count that needs a shuffle."""
-    pids = scanned.where(F.col("kind") == "pid")
-    return pids.groupingSets([["broker"], []], "broker").agg(
-        F.grouping_id().alias("overall"),
-        F.count_distinct(F.when(F.col("active"), F.col("producer_id"))).alias("active"),
-        F.count_distinct("producer_id").alias("seen"),
-    )
+def big_tables(scanned: DataFrame) -> dict[str, DataFrame]:
+    """The big tables from the scan's rows, for Spark's writer."""
+    tables = {}
+    for name, (kind, columns, only_active) in BIG_TABLES.items():
+        rows = scanned.where(F.col("kind") == kind)
+        tables[name] = (rows.where(F.col("active")) if only_active else rows).select(*columns)
+    return tables
 
 
 def check_read(log_dirs: Sequence[str], files: pd.DataFrame) -> None:
@@ -293,18 +303,22 @@ def partition_footprint(counts: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(["log_dir", "topic", "partition"]).reset_index(drop=True)
 
 
-def broker_footprint(partitions: pd.DataFrame, distinct: pd.DataFrame) -> pd.DataFrame:
+def broker_footprint(partitions: pd.DataFrame, small: pd.DataFrame) -> pd.DataFrame:
     """Per broker: entries over all its partitions (each PID counts once per partition it
-    wrote to, as the broker holds one entry per partition), distinct active PIDs (from
-    :func:`distinct_pids`), partitions holding any, open transactions, estimated heap bytes;
-    most entries first."""
+    wrote to, as the broker holds one entry per partition), distinct active PIDs (the
+    ``broker`` rows of :func:`small_rows`), partitions holding any, open transactions,
+    estimated heap bytes; most entries first."""
     table = partitions.groupby("broker", as_index=False).agg(
         estimated_entries=("estimated_entries", "sum"),
         partitions=("partition", "size"),
         open_transactions=("open_transactions", "sum"),
     )
-    per_broker = distinct[distinct["overall"] == 0][["broker", "active"]]
-    table = table.merge(per_broker.rename(columns={"active": "distinct_pids"}), on="broker")
+    per_broker = (
+        small[small["kind"] == "broker"]
+        .groupby("broker", as_index=False)
+        .agg(distinct_pids=("distinct_active_pids", "sum"))
+    )
+    table = table.merge(per_broker, on="broker")
     table["estimated_bytes"] = (
         table["estimated_entries"] * ENTRY_BYTES + table["open_transactions"] * OPEN_TXN_BYTES
     )
@@ -343,11 +357,17 @@ def run_footprint(
     *,
     verify_crc: bool = True,
     top_n: int = 20,
+    executor_writes: bool | None = None,
 ) -> Path:
     """Parse ``log_dirs`` on the executors, write ``segment_pids``, ``last_writes``,
     ``active_pids``, ``partitions``, ``brokers`` and ``errors`` as Parquet under ``output`` and
     a report; return the report's path. Raises :class:`InputError`, writing nothing, when the
-    log dirs hold no segment file or no batch could be read from any."""
+    log dirs hold no segment file or no batch could be read from any.
+
+    ``executor_writes`` (default: when ``output`` is local and the master is ``local``): the
+    tasks write the big tables themselves with pyarrow during the parse, into a directory
+    beside ``output`` moved into place at the end; otherwise the parse is cached and Spark's
+    writers write them (any Hadoop URI), three jobs at once."""
     partitions = segment_tasks(log_dirs)
     if not partitions:
         folders = sum(len(discover_partitions(d)) for d in log_dirs)
@@ -355,11 +375,18 @@ def run_footprint(
             f"--log-dirs {' '.join(log_dirs)}: no segment file (<20-digit offset>.log) in "
             f"{folders} partition folders; nothing to report"
         )
-    scanned = scan(spark, partitions, expiration_ms, verify_crc)
-    scanned = scanned.persist(StorageLevel.MEMORY_AND_DISK)
+    if executor_writes is None:
+        master = spark.sparkContext.master or ""
+        executor_writes = is_local_uri(output) and master.startswith("local")
+    staging = _staging_dir(output) if executor_writes else None
+    write_dir = str(staging) if staging is not None else None
+    scanned = scan(spark, partitions, expiration_ms, verify_crc, write_dir)
+    if staging is None:  # the Spark writers read the big tables from the cache
+        scanned = scanned.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        # Job 1: every file parsed into the cache; only the file and partition rows come back.
-        small: pd.DataFrame = scanned.where(F.col("kind").isin(*_SMALL_KINDS)).toPandas()
+        # One job parses every file (and, with executor writes, writes the big tables); only
+        # the file and partition rows and the distinct counts come back.
+        small: pd.DataFrame = small_rows(scanned).toPandas()
         files = small[small["kind"] == "file"].astype({"byte_position": "Int64"})
         check_read(log_dirs, files)
         errors = files[files["error"].notna()][ERROR_SCHEMA.fieldNames()]
@@ -368,34 +395,25 @@ def run_footprint(
                 "unreadable segment %s at byte %s: %s", row.segment, row.byte_position, row.error
             )
         table = partition_footprint(small[small["kind"] == "partition"])
-        last_writes = _rows(scanned, "pid", LAST_WRITES_SCHEMA)
-        active = scanned.where((F.col("kind") == "pid") & F.col("active"))
-        # Jobs 2-5 at once: the distinct counts and the three big tables (the small ones need
-        # no job on local paths).
-        with ThreadPoolExecutor(1) as pool:
-            distinct: Future[pd.DataFrame] = pool.submit(
-                inheritable_thread_target(spark)(distinct_pids(scanned).toPandas)
-            )
-            written = write_tables(
-                spark,
-                output,
-                {"partitions": (table, PARTITIONS_SCHEMA), "errors": (errors, ERROR_SCHEMA)},
-                {
-                    "segment_pids": _rows(scanned, "segment", SEGMENT_PIDS_SCHEMA),
-                    "last_writes": last_writes,
-                    "active_pids": active.select(*LAST_WRITES_SCHEMA.fieldNames(), "age_ms"),
-                },
-            )
-            counts: pd.DataFrame = distinct.result()
-        brokers = broker_footprint(table, counts)
-        written += write_tables(spark, output, {"brokers": (brokers, BROKERS_SCHEMA)}, {})
-        overall = counts[counts["overall"] == 1]
+        brokers = broker_footprint(table, small)
+        written = write_tables(
+            spark,
+            output,
+            {
+                "partitions": (table, PARTITIONS_SCHEMA),
+                "brokers": (brokers, BROKERS_SCHEMA),
+                "errors": (errors, ERROR_SCHEMA),
+            },
+            {} if staging else big_tables(scanned),
+        )
+        if staging is not None:
+            written += _publish(staging, output)
         sections = _sections(
             log_dirs,
             expiration_ms,
             files,
             int(small["pid_partitions"].sum()),
-            int(overall["seen"].sum()),
+            int(small["distinct_pids"].sum()),
             int(table["estimated_entries"].sum()),
             brokers,
             top_partitions(table, top_n),
@@ -405,7 +423,35 @@ def run_footprint(
         title = "pidgate footprint: producer-state entries per partition and broker"
         return write_report(output, title, sections, {})
     finally:
-        scanned.unpersist()
+        if staging is None:
+            scanned.unpersist()
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staging_dir(output: str) -> Path:
+    """A new empty directory beside ``output`` (local) for the executors' part files."""
+    target = local_path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.footprint-", dir=target.parent))
+
+
+def _publish(staging: Path, output: str) -> list[str]:
+    """Move the executors' tables from ``staging`` to ``output`` (replacing earlier ones)."""
+    target = local_path(output)
+    target.mkdir(parents=True, exist_ok=True)
+    names = []
+    for name in BIG_TABLES:
+        source = staging / f"{name}.parquet"
+        (source / "_SUCCESS").touch()
+        destination = target / source.name
+        if destination.is_dir():
+            shutil.rmtree(destination)
+        elif destination.exists():
+            destination.unlink()
+        source.rename(destination)
+        names.append(source.name)
+    return names
 
 
 def _sections(

@@ -11,9 +11,11 @@ Each Spark task gets a few Kafka partitions (every segment file of each) and, pe
    its last batch (highest offset) and whether Kafka still holds it, and the partition's counts.
 
 Everything comes back as Arrow batches of :data:`SCAN_ARROW_SCHEMA` rows told apart by
-``kind``, so one cached pass gives the driver its small rows (``file``, ``partition``) and the
-writers their big ones (``segment``, ``pid``). A partition is parsed by one task: the largest
-partition bounds the job's time, and no shuffle is needed.
+``kind``. When the output is a local directory and the master is local, the tasks also write
+the big tables themselves (:data:`BIG_TABLES`, one Parquet file per task) and send back only
+what the driver needs. A partition is parsed by one task: the largest partition bounds the
+job's time, and no shuffle is needed but for the distinct PIDs per broker
+(:func:`count_distinct_pids`, over the rows hash-partitioned by PID).
 
 Light on purpose: every Python worker imports this module, so it must not import pandas,
 matplotlib, pyspark.sql or the driver-side :mod:`pidgate.pipeline.footprint`.
@@ -21,20 +23,27 @@ matplotlib, pyspark.sql or the driver-side :mod:`pidgate.pipeline.footprint`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pidgate.pipeline.segments import SegmentError, iter_segment
 
 __all__ = [
+    "BIG_TABLES",
     "SCAN_ARROW_SCHEMA",
     "LastWrite",
     "PartitionCounts",
     "SegmentTask",
+    "arrow_batch",
+    "count_distinct_pids",
     "parse_segment",
     "scan_partitions",
+    "state_rows",
     "summarize_partition",
 ]
 
@@ -45,7 +54,7 @@ _LOG_OVERHEAD_BYTES = 12  # base_offset + batch_length: a batch occupies 12 + ba
 
 SCAN_ARROW_SCHEMA = pa.schema(
     [
-        ("kind", pa.string()),  # segment | file | pid | partition
+        ("kind", pa.string()),  # segment | file | pid | partition | broker | overall
         ("log_dir", pa.string()),
         ("broker", pa.string()),
         ("topic", pa.string()),
@@ -70,11 +79,25 @@ SCAN_ARROW_SCHEMA = pa.schema(
         ("active_pids", pa.int64()),  # partition
         ("open_transactions", pa.int64()),  # partition: of the active PIDs
         ("pid_partitions", pa.int64()),  # partition: PIDs seen
+        ("distinct_active_pids", pa.int64()),  # broker: of the PIDs hashed to one task
+        ("distinct_pids", pa.int64()),  # overall: of the PIDs hashed to one task
     ]
 )
 """The rows the executors send back, one schema for every ``kind``; see the module docstring."""
 
 _WIDTH = len(SCAN_ARROW_SCHEMA)
+_INDEX = {name: i for i, name in enumerate(SCAN_ARROW_SCHEMA.names)}
+
+_LAST_WRITE_COLUMNS = (
+    "log_dir", "broker", "topic", "partition", "producer_id", "producer_epoch", "last_offset",
+    "last_timestamp", "txn_open", "batches", "bytes", "partition_newest_timestamp",
+)  # fmt: skip
+BIG_TABLES: dict[str, tuple[str, tuple[str, ...], bool]] = {
+    "segment_pids": ("segment", SCAN_ARROW_SCHEMA.names[1:15], False),
+    "last_writes": ("pid", _LAST_WRITE_COLUMNS, False),
+    "active_pids": ("pid", (*_LAST_WRITE_COLUMNS, "age_ms"), True),
+}
+"""The tables as big as the input: name -> (row kind, columns, active rows only)."""
 _FILE_FIELDS = 16  # parse_segment's rows: log_dir .. error
 
 
@@ -225,49 +248,119 @@ def summarize_partition(
     return writes, counts
 
 
+def _row(kind: str, **values: Any) -> tuple[Any, ...]:
+    """A :data:`SCAN_ARROW_SCHEMA` row of ``kind`` with ``values``, null elsewhere."""
+    row: list[Any] = [None] * _WIDTH
+    row[0] = kind
+    for name, value in values.items():
+        row[_INDEX[name]] = value
+    return tuple(row)
+
+
+def state_rows(
+    writes: Sequence[LastWrite], counts: PartitionCounts | None
+) -> list[tuple[Any, ...]]:
+    """:func:`summarize_partition`'s result as :data:`SCAN_ARROW_SCHEMA` rows (``pid`` and
+    ``partition``)."""
+    rows = [_row("pid", **w._asdict()) for w in writes]
+    if counts is not None:
+        rows.append(_row("partition", **counts._asdict()))
+    return rows
+
+
 def _partition_rows(
     files: Sequence[SegmentTask], expiration_ms: int, verify_crc: bool
-) -> Iterator[tuple[Any, ...]]:
+) -> list[tuple[Any, ...]]:
     """Every :data:`SCAN_ARROW_SCHEMA` row of one partition (its segment files)."""
     pad_file = (None,) * (_WIDTH - 1 - _FILE_FIELDS)
     pid_rows: list[tuple[Any, ...]] = []
+    out: list[tuple[Any, ...]] = []
     for task in files:
         rows = parse_segment(task, verify_crc)
         pid_rows.extend(rows[:-1])
-        for row in rows[:-1]:
-            yield ("segment", *row, *pad_file)
-        yield ("file", *rows[-1], *pad_file)
-    writes, counts = summarize_partition(pid_rows, expiration_ms)
-    for w in writes:
-        yield (
-            "pid", w.log_dir, w.broker, w.topic, w.partition, None,
-            w.producer_id, w.producer_epoch, w.batches, w.bytes, None,
-            w.last_offset, w.last_timestamp, None, None, None, None,
-            w.txn_open, w.partition_newest_timestamp, w.age_ms, w.active, None, None, None,
-        )  # fmt: skip
-    if counts is not None:
-        yield (
-            "partition", *counts[:4], *(None,) * 13, counts.partition_newest_timestamp,
-            None, None, counts.active_pids, counts.open_transactions, counts.pid_partitions,
-        )  # fmt: skip
+        out.extend(("segment", *row, *pad_file) for row in rows[:-1])
+        out.append(("file", *rows[-1], *pad_file))
+    return out + state_rows(*summarize_partition(pid_rows, expiration_ms))
 
 
-def _arrow_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+def arrow_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    """``rows`` (tuples in :data:`SCAN_ARROW_SCHEMA` order) as one Arrow batch."""
     columns = list(zip(*rows, strict=True)) if rows else [()] * _WIDTH
     arrays = [pa.array(c, f.type) for c, f in zip(columns, SCAN_ARROW_SCHEMA, strict=True)]
     return pa.RecordBatch.from_arrays(arrays, schema=SCAN_ARROW_SCHEMA)
 
 
+def _write_slice(table: pa.Table, write_dir: str, slice_id: int) -> None:
+    """This slice's part of every :data:`BIG_TABLES` table: ``<write_dir>/<name>.parquet/
+    part-<slice>.parquet``, written under a hidden name and renamed (a retried task rewrites
+    the same file with the same rows)."""
+    for name, (kind, columns, only_active) in BIG_TABLES.items():
+        mask = pc.equal(table["kind"], kind)
+        if only_active:
+            mask = pc.and_(mask, pc.fill_null(table["active"], False))
+        directory = os.path.join(write_dir, f"{name}.parquet")
+        os.makedirs(directory, exist_ok=True)
+        target = os.path.join(directory, f"part-{slice_id:05d}.parquet")
+        staging = os.path.join(directory, f".part-{slice_id:05d}.{os.getpid()}.tmp")
+        pq.write_table(table.filter(mask).select(list(columns)), staging)
+        os.replace(staging, target)
+
+
 def scan_partitions(
-    slices: Sequence[Sequence[Sequence[SegmentTask]]], expiration_ms: int, verify_crc: bool
+    slices: Sequence[Sequence[Sequence[SegmentTask]]],
+    expiration_ms: int,
+    verify_crc: bool,
+    write_dir: str | None = None,
 ) -> Any:  # the function DataFrame.mapInArrow runs
     """The function ``mapInArrow`` runs over ``spark.range(len(slices))``: each input id names
-    a slice (partitions, each a list of its segment files); one Arrow batch per partition."""
+    a slice (partitions, each a list of its segment files). Without ``write_dir`` every row
+    comes back; with it (a local directory every task can write to), the executors write the
+    :data:`BIG_TABLES` themselves (:func:`_write_slice`) and send back all but the
+    ``segment`` rows."""
 
     def scan(ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for id_batch in ids:
             for slice_id in id_batch.column(0).to_pylist():
-                for files in slices[slice_id]:
-                    yield _arrow_batch(list(_partition_rows(files, expiration_ms, verify_crc)))
+                batches = [
+                    arrow_batch(_partition_rows(files, expiration_ms, verify_crc))
+                    for files in slices[slice_id]
+                ]
+                if write_dir is None:
+                    yield from batches
+                    continue
+                table = pa.Table.from_batches(batches, SCAN_ARROW_SCHEMA)
+                _write_slice(table, write_dir, slice_id)
+                yield from table.filter(pc.not_equal(table["kind"], "segment")).to_batches()
 
     return scan
+
+
+def count_distinct_pids(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The function ``mapInArrow`` runs over the scan's rows hash-partitioned by
+    ``producer_id``, so that every PID's rows are in one task: per broker, the distinct PIDs
+    active there (``broker`` rows) and all distinct PIDs seen (one ``overall`` row), which
+    the driver sums over tasks. Other rows pass through; ``segment`` rows are dropped."""
+    active: dict[str, set[int]] = {}
+    seen: set[int] = set()
+    for batch in batches:
+        is_pid = pc.equal(batch.column("kind"), "pid")
+        pids = batch.filter(is_pid)
+        for broker, pid, is_active in zip(
+            pids.column("broker").to_pylist(),
+            pids.column("producer_id").to_pylist(),
+            pids.column("active").to_pylist(),
+            strict=True,
+        ):
+            seen.add(pid)
+            per_broker = active.setdefault(broker, set())
+            if is_active:
+                per_broker.add(pid)
+        others = batch.filter(pc.invert(pc.or_(is_pid, pc.equal(batch.column("kind"), "segment"))))
+        if others.num_rows:  # in our schema: Spark's batches may differ in field metadata
+            yield pa.RecordBatch.from_arrays(others.columns, schema=SCAN_ARROW_SCHEMA)
+    rows = [
+        _row("broker", broker=broker, distinct_active_pids=len(pids))
+        for broker, pids in active.items()
+    ]
+    rows.append(_row("overall", distinct_pids=len(seen)))
+    yield arrow_batch(rows)

@@ -31,7 +31,7 @@ from pyspark.util import inheritable_thread_target
 
 from pidgate.pipeline.report import is_local_uri, join_uri
 
-__all__ = ["SmallTable", "write_tables"]
+__all__ = ["SmallTable", "local_path", "write_tables"]
 
 SmallTable = tuple[pd.DataFrame, StructType]
 """A pandas table and the Spark schema its Parquet file gets."""
@@ -40,14 +40,15 @@ _PART_FILE = "part-00000.parquet"
 _MAX_CONCURRENT_JOBS = 4
 
 
-def _local_dir(uri: str) -> Path:
+def local_path(uri: str) -> Path:
+    """The directory a local path or ``file:`` URI names."""
     parsed = urlparse(uri)
     return Path(parsed.path if parsed.scheme == "file" else uri)
 
 
 def _write_local(frame: pd.DataFrame, schema: StructType, uri: str) -> None:
     """``uri`` replaced by a directory with one Parquet file, swapped in by rename."""
-    target = _local_dir(uri)
+    target = local_path(uri)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
