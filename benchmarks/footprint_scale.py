@@ -6,8 +6,8 @@ directory (or ``--dir``), starts a session on ``--master`` (default ``local[2]``
 timed apart and NOT included), then runs :func:`pidgate.pipeline.footprint.run_footprint` over
 the segments ``--runs`` times and prints, per run, the wall time, MB/s end to end (every batch's
 CRC is verified, so every byte is read) and the number of Spark jobs. The first run pays the
-JVM's and the Python workers' warm-up; later runs show the warm cost. Then the parse stage alone
-on the executors (the first job of the footprint: parse and cache, small rows collected), and
+JVM's and the Python workers' warm-up; later runs show the warm cost. Then the parse alone on
+the executors (the footprint's job without the table writes, warm), and
 the per-file parser alone in this process with and without CRC checks (the CRC's cost).
 The machine's load average is printed before and after.
 
@@ -46,9 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated data")
     args = parser.parse_args(argv)
 
-    from pyspark.sql import functions as F
-
-    from pidgate.pipeline.footprint import run_footprint, scan, segment_tasks
+    from pidgate.pipeline.footprint import run_footprint, scan, segment_tasks, small_rows
     from pidgate.pipeline.footprint_scan import parse_segment
     from pidgate.pipeline.logdirs import generate_log_dirs
     from pidgate.pipeline.spark import spark_session, stop_session
@@ -103,11 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"report: {report}")
 
-        # The parse stage alone on the executors (warm): job 1 of the footprint.
+        # The parse alone on the executors (warm): the footprint's job without its writes.
         parts = segment_tasks(generated.log_dirs)
         start = time.perf_counter()
-        scanned = scan(spark, parts)
-        scanned.where(F.col("kind").isin("file", "partition")).toPandas()
+        small_rows(spark, scan(spark, parts))
         parse_s = time.perf_counter() - start
         print(f"parse stage alone on the executors: {parse_s:.2f} s, {mb / parse_s:.0f} MB/s")
         stop_session()

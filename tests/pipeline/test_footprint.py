@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
@@ -27,8 +26,9 @@ from pidgate.pipeline.footprint import (
     top_partitions,
 )
 from pidgate.pipeline.footprint_scan import (
-    arrow_batch,
+    SCAN_ARROW_SCHEMA,
     count_distinct_pids,
+    keyed_by_pid,
     parse_segment,
     state_rows,
     summarize_partition,
@@ -77,11 +77,11 @@ def tables(
         part_writes, part_counts = summarize_partition(reversed(part_rows), expiration_ms)
         writes += [tuple(w) for w in part_writes]
         scanned += state_rows(part_writes, part_counts)
-    # the distinct count, over the pid rows split in two tasks by PID as the shuffle does
-    tasks = [[r for r in scanned if (r[6] or 0) % 2 == n] for n in (0, 1)]
-    small = pd.concat(
-        pa.Table.from_batches(count_distinct_pids([arrow_batch(t)])).to_pandas() for t in tasks
-    )
+    # the distinct count, over the rows split in two tasks by PID as the shuffle does
+    keyed = [keyed_by_pid(row) for row in scanned]
+    tasks = [[k for k in keyed if (k[0] or 0) % 2 == n] for n in (0, 1)]
+    counted = [row for task in tasks for row in count_distinct_pids(task)]
+    small = pd.DataFrame(counted, columns=SCAN_ARROW_SCHEMA.names)
     partitions = partition_footprint(small[small["kind"] == "partition"])
     brokers = broker_footprint(partitions, small)
     return sorted(writes), partitions, brokers

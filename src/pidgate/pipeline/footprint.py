@@ -10,13 +10,13 @@ the job raises :class:`~pidgate.pipeline.inputs.InputError` naming the log dirs 
 found, and writes nothing.
 
 Few Spark jobs, since each costs a fixed 0.3-2 s on a small machine. With a local output and a
-local master, ONE: the tasks parse and write the big tables (``segment_pids``, ``last_writes``,
-``active_pids``) themselves, then the rows are hash-partitioned by PID to count distinct PIDs
-per broker (:func:`small_rows`, the only shuffle) and the small rows come back. Otherwise (an
-``hdfs://``/``s3a://`` output, a cluster) the parse is cached, that job collects the small rows,
-and Spark's writers write the big tables, three jobs at once. The small tables are computed on
-the driver with pandas (:func:`partition_footprint`, :func:`broker_footprint`,
-:func:`top_partitions`) and written without a job on local paths
+local master, ONE (RDDs, no SQL): the tasks parse and write the big tables (``segment_pids``,
+``last_writes``, ``active_pids``) themselves, then the rows are hash-partitioned by PID to
+count distinct PIDs per broker (:func:`small_rows`, the only shuffle) and the small rows come
+back. Otherwise (an ``hdfs://``/``s3a://`` output, a cluster) the parse is cached, that job
+collects the small rows, and Spark's writers write the big tables, three jobs at once. The
+small tables are computed on the driver with pandas (:func:`partition_footprint`,
+:func:`broker_footprint`, :func:`top_partitions`) and written without a job on local paths
 (:mod:`pidgate.pipeline.parquet_tables`).
 
 Kafka's rules (KIP-854): an entry expires when ``now - timestamp >=
@@ -45,10 +45,8 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
 from matplotlib.figure import Figure
-from pyspark import StorageLevel
+from pyspark import RDD, StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import (
     BooleanType,
     IntegerType,
@@ -63,8 +61,11 @@ from pidgate.pipeline.footprint_scan import (
     SCAN_ARROW_SCHEMA,
     SegmentTask,
     count_distinct_pids,
+    is_not_segment,
+    keyed_by_pid,
     parse_segment,
-    scan_partitions,
+    scan_slices,
+    table_rows,
 )
 from pidgate.pipeline.inputs import InputError
 from pidgate.pipeline.logdirs import discover_partitions, list_segments
@@ -73,6 +74,7 @@ from pidgate.pipeline.report import Section, is_local_uri, write_report
 from pidgate.pipeline.segments import SNAPSHOT_ENTRY_BYTES, SNAPSHOT_HEADER_BYTES
 
 __all__ = [
+    "ACTIVE_PIDS_SCHEMA",
     "BROKERS_SCHEMA",
     "DEFAULT_EXPIRATION_MS",
     "ENTRY_BYTES",
@@ -139,8 +141,12 @@ LAST_WRITES_SCHEMA = StructType(
         *_longs("batches", "bytes", "partition_newest_timestamp"),
     ]
 )
-"""One row per (partition, producer id), its last write: the ``last_writes`` output
-(``active_pids`` adds ``age_ms``)."""
+"""One row per (partition, producer id), its last write: the ``last_writes`` output."""
+
+ACTIVE_PIDS_SCHEMA = StructType(
+    [*LAST_WRITES_SCHEMA.fields, StructField("age_ms", LongType(), False)]
+)
+"""The ``last_writes`` rows Kafka still holds, with their age: the ``active_pids`` output."""
 
 ERROR_SCHEMA = StructType(
     [
@@ -180,8 +186,6 @@ BROKERS_SCHEMA = StructType(
 )
 """One row per broker holding active PIDs: the ``brokers`` output."""
 
-_SCAN_SCHEMA = from_arrow_schema(SCAN_ARROW_SCHEMA)
-
 
 # ---------------------------------------------------------------------------------------------
 # Reading: the driver lists, the executors parse
@@ -219,42 +223,46 @@ def scan(
     expiration_ms: int = DEFAULT_EXPIRATION_MS,
     verify_crc: bool = True,
     write_dir: str | None = None,
-) -> DataFrame:
-    """Parse the partitions on the executors: a DataFrame of
-    :data:`~pidgate.pipeline.footprint_scan.SCAN_ARROW_SCHEMA` rows, ``segment``/``file``
+) -> RDD[tuple[Any, ...]]:
+    """Parse the partitions on the executors: an RDD of rows in
+    :data:`~pidgate.pipeline.footprint_scan.SCAN_ARROW_SCHEMA` order, ``segment``/``file``
     per file, ``pid``/``partition`` per partition (no shuffle). With ``write_dir`` the tasks
     write the big tables there and leave out the ``segment`` rows.
 
     Spark tasks: one per ``SLICE_BYTES`` of input, at least two per core, at most one per
-    partition; partitions go largest first to the lightest slice. ``spark.range`` hands each
-    task its slice number (no Python stage before the parse; the slices travel in the
-    function's closure).
+    partition; partitions go largest first to the lightest slice. Each task gets only its
+    slice number; the slices travel in the function's closure.
     """
+    sc = spark.sparkContext
     sizes = [sum(Path(f[4]).stat().st_size for f in files) for files in partitions]
     by_size = -(-sum(sizes) // SLICE_BYTES)
-    parallel = 2 * spark.sparkContext.defaultParallelism
-    count = max(1, min(len(partitions), max(parallel, by_size), 10_000))
+    count = max(1, min(len(partitions), max(2 * sc.defaultParallelism, by_size), 10_000))
     slices = _slices(partitions, sizes, count)
-    ids = spark.range(0, count, 1, count)
-    parse = scan_partitions(slices, expiration_ms, verify_crc, write_dir)
-    return ids.mapInArrow(parse, _SCAN_SCHEMA)
+    parse = scan_slices(slices, expiration_ms, verify_crc, write_dir)
+    return sc.parallelize(range(count), count).mapPartitions(parse)
 
 
-def small_rows(scanned: DataFrame) -> DataFrame:
+def small_rows(spark: SparkSession, scanned: RDD[tuple[Any, ...]]) -> pd.DataFrame:
     """What the driver collects: the ``file`` and ``partition`` rows, and the distinct PIDs
     (``broker`` and ``overall`` rows, to be summed), counted over the ``pid`` rows
     hash-partitioned by producer id (one shuffle)."""
-    rows = scanned.where(F.col("kind") != "segment")
-    return rows.repartition("producer_id").mapInArrow(count_distinct_pids, _SCAN_SCHEMA)
+    keyed = scanned.filter(is_not_segment).map(keyed_by_pid)
+    parts = max(1, spark.sparkContext.defaultParallelism)
+    rows = keyed.partitionBy(parts).mapPartitions(count_distinct_pids).collect()
+    return pd.DataFrame(rows, columns=SCAN_ARROW_SCHEMA.names)
 
 
-def big_tables(scanned: DataFrame) -> dict[str, DataFrame]:
+def big_tables(spark: SparkSession, scanned: RDD[tuple[Any, ...]]) -> dict[str, DataFrame]:
     """The big tables from the scan's rows, for Spark's writer."""
-    tables = {}
-    for name, (kind, columns, only_active) in BIG_TABLES.items():
-        rows = scanned.where(F.col("kind") == kind)
-        tables[name] = (rows.where(F.col("active")) if only_active else rows).select(*columns)
-    return tables
+    schemas = {
+        "segment_pids": SEGMENT_PIDS_SCHEMA,
+        "last_writes": LAST_WRITES_SCHEMA,
+        "active_pids": ACTIVE_PIDS_SCHEMA,
+    }
+    return {
+        name: spark.createDataFrame(scanned.flatMap(table_rows(name)), schemas[name])
+        for name in BIG_TABLES
+    }
 
 
 def check_read(log_dirs: Sequence[str], files: pd.DataFrame) -> None:
@@ -386,7 +394,7 @@ def run_footprint(
     try:
         # One job parses every file (and, with executor writes, writes the big tables); only
         # the file and partition rows and the distinct counts come back.
-        small: pd.DataFrame = small_rows(scanned).toPandas()
+        small = small_rows(spark, scanned)
         files = small[small["kind"] == "file"].astype({"byte_position": "Int64"})
         check_read(log_dirs, files)
         errors = files[files["error"].notna()][ERROR_SCHEMA.fieldNames()]
@@ -404,7 +412,7 @@ def run_footprint(
                 "brokers": (brokers, BROKERS_SCHEMA),
                 "errors": (errors, ERROR_SCHEMA),
             },
-            {} if staging else big_tables(scanned),
+            {} if staging else big_tables(spark, scanned),
         )
         if staging is not None:
             written += _publish(staging, output)

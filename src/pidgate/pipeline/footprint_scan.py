@@ -10,12 +10,13 @@ Each Spark task gets a few Kafka partitions (every segment file of each) and, pe
 2. folds those rows into the partition's producer state (:func:`summarize_partition`): per PID
    its last batch (highest offset) and whether Kafka still holds it, and the partition's counts.
 
-Everything comes back as Arrow batches of :data:`SCAN_ARROW_SCHEMA` rows told apart by
-``kind``. When the output is a local directory and the master is local, the tasks also write
-the big tables themselves (:data:`BIG_TABLES`, one Parquet file per task) and send back only
-what the driver needs. A partition is parsed by one task: the largest partition bounds the
-job's time, and no shuffle is needed but for the distinct PIDs per broker
-(:func:`count_distinct_pids`, over the rows hash-partitioned by PID).
+Everything comes back as tuples in :data:`SCAN_ARROW_SCHEMA` order, told apart by ``kind``
+(plain RDDs: the JVM warms up far less for them than for DataFrames). When the output is a
+local directory and the master is local, the tasks also write the big tables themselves
+(:data:`BIG_TABLES`, one Parquet file per task) and send back only what the driver needs. A
+partition is parsed by one task: the largest partition bounds the job's time, and no shuffle is
+needed but for the distinct PIDs per broker (:func:`count_distinct_pids`, over the rows
+hash-partitioned by PID).
 
 Light on purpose: every Python worker imports this module, so it must not import pandas,
 matplotlib, pyspark.sql or the driver-side :mod:`pidgate.pipeline.footprint`.
@@ -24,7 +25,7 @@ matplotlib, pyspark.sql or the driver-side :mod:`pidgate.pipeline.footprint`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -41,10 +42,13 @@ __all__ = [
     "SegmentTask",
     "arrow_batch",
     "count_distinct_pids",
+    "is_not_segment",
+    "keyed_by_pid",
     "parse_segment",
-    "scan_partitions",
+    "scan_slices",
     "state_rows",
     "summarize_partition",
+    "table_rows",
 ]
 
 SegmentTask = tuple[str, str, str, int, str]
@@ -87,6 +91,7 @@ SCAN_ARROW_SCHEMA = pa.schema(
 
 _WIDTH = len(SCAN_ARROW_SCHEMA)
 _INDEX = {name: i for i, name in enumerate(SCAN_ARROW_SCHEMA.names)}
+_PRODUCER_ID, _BROKER, _ACTIVE = _INDEX["producer_id"], _INDEX["broker"], _INDEX["active"]
 
 _LAST_WRITE_COLUMNS = (
     "log_dir", "broker", "topic", "partition", "producer_id", "producer_epoch", "last_offset",
@@ -306,61 +311,77 @@ def _write_slice(table: pa.Table, write_dir: str, slice_id: int) -> None:
         os.replace(staging, target)
 
 
-def scan_partitions(
+def scan_slices(
     slices: Sequence[Sequence[Sequence[SegmentTask]]],
     expiration_ms: int,
     verify_crc: bool,
     write_dir: str | None = None,
-) -> Any:  # the function DataFrame.mapInArrow runs
-    """The function ``mapInArrow`` runs over ``spark.range(len(slices))``: each input id names
-    a slice (partitions, each a list of its segment files). Without ``write_dir`` every row
-    comes back; with it (a local directory every task can write to), the executors write the
-    :data:`BIG_TABLES` themselves (:func:`_write_slice`) and send back all but the
+) -> Callable[[Iterable[int]], Iterator[tuple[Any, ...]]]:
+    """The function ``mapPartitions`` runs over ``parallelize(range(len(slices)))``: each input
+    number names a slice (partitions, each a list of its segment files). Without ``write_dir``
+    every row comes back; with it (a local directory every task can write to), the tasks write
+    the :data:`BIG_TABLES` themselves (:func:`_write_slice`) and send back all but the
     ``segment`` rows."""
 
-    def scan(ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for id_batch in ids:
-            for slice_id in id_batch.column(0).to_pylist():
-                batches = [
-                    arrow_batch(_partition_rows(files, expiration_ms, verify_crc))
-                    for files in slices[slice_id]
-                ]
-                if write_dir is None:
-                    yield from batches
-                    continue
-                table = pa.Table.from_batches(batches, SCAN_ARROW_SCHEMA)
-                _write_slice(table, write_dir, slice_id)
-                yield from table.filter(pc.not_equal(table["kind"], "segment")).to_batches()
+    def scan(slice_ids: Iterable[int]) -> Iterator[tuple[Any, ...]]:
+        for slice_id in slice_ids:
+            rows = [
+                row
+                for files in slices[slice_id]
+                for row in _partition_rows(files, expiration_ms, verify_crc)
+            ]
+            if write_dir is None:
+                yield from rows
+                continue
+            _write_slice(pa.Table.from_batches([arrow_batch(rows)]), write_dir, slice_id)
+            yield from (row for row in rows if row[0] != "segment")
 
     return scan
 
 
-def count_distinct_pids(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The function ``mapInArrow`` runs over the scan's rows hash-partitioned by
-    ``producer_id``, so that every PID's rows are in one task: per broker, the distinct PIDs
-    active there (``broker`` rows) and all distinct PIDs seen (one ``overall`` row), which
-    the driver sums over tasks. Other rows pass through; ``segment`` rows are dropped."""
+def keyed_by_pid(row: tuple[Any, ...]) -> tuple[int | None, tuple[Any, ...]]:
+    """``(producer_id, row)`` for a ``pid`` row, ``(None, row)`` for the others: the key the
+    rows are hash-partitioned by before :func:`count_distinct_pids`."""
+    return (row[_PRODUCER_ID] if row[0] == "pid" else None, row)
+
+
+def is_not_segment(row: tuple[Any, ...]) -> bool:
+    return bool(row[0] != "segment")
+
+
+def table_rows(name: str) -> Callable[[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """For ``flatMap``: a scan row as a row of the big table ``name`` (:data:`BIG_TABLES`),
+    or nothing."""
+    kind, columns, only_active = BIG_TABLES[name]
+    indexes = [_INDEX[c] for c in columns]
+    active = _INDEX["active"]
+
+    def project(row: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        if row[0] != kind or (only_active and not row[active]):
+            return []
+        return [tuple(row[i] for i in indexes)]
+
+    return project
+
+
+def count_distinct_pids(
+    keyed_rows: Iterable[tuple[int | None, tuple[Any, ...]]],
+) -> Iterator[tuple[Any, ...]]:
+    """The function ``mapPartitions`` runs over :func:`keyed_by_pid` rows hash-partitioned by
+    their key, so that every PID's rows are in one task: per broker, the distinct PIDs active
+    there (``broker`` rows) and all distinct PIDs seen (one ``overall`` row), which the driver
+    sums over tasks. The other rows pass through."""
     active: dict[str, set[int]] = {}
     seen: set[int] = set()
-    for batch in batches:
-        is_pid = pc.equal(batch.column("kind"), "pid")
-        pids = batch.filter(is_pid)
-        for broker, pid, is_active in zip(
-            pids.column("broker").to_pylist(),
-            pids.column("producer_id").to_pylist(),
-            pids.column("active").to_pylist(),
-            strict=True,
-        ):
-            seen.add(pid)
-            per_broker = active.setdefault(broker, set())
-            if is_active:
-                per_broker.add(pid)
-        others = batch.filter(pc.invert(pc.or_(is_pid, pc.equal(batch.column("kind"), "segment"))))
-        if others.num_rows:  # in our schema: Spark's batches may differ in field metadata
-            yield pa.RecordBatch.from_arrays(others.columns, schema=SCAN_ARROW_SCHEMA)
-    rows = [
-        _row("broker", broker=broker, distinct_active_pids=len(pids))
-        for broker, pids in active.items()
-    ]
-    rows.append(_row("overall", distinct_pids=len(seen)))
-    yield arrow_batch(rows)
+    for _, row in keyed_rows:
+        if row[0] != "pid":
+            yield row
+            continue
+        pid = row[_PRODUCER_ID]
+        seen.add(pid)
+        per_broker = active.setdefault(row[_BROKER], set())
+        if row[_ACTIVE]:
+            per_broker.add(pid)
+    for broker, pids in active.items():
+        yield _row("broker", broker=broker, distinct_active_pids=len(pids))
+    yield _row("overall", distinct_pids=len(seen))
