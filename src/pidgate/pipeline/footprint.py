@@ -100,7 +100,7 @@ DEFAULT_EXPIRATION_MS = 86_400_000  # producer.id.expiration.ms default (KIP-854
 ENTRY_BYTES = 424
 ENTRY_BYTES_MIN = 264
 OPEN_TXN_BYTES = 152
-SLICE_BYTES = 64 * 1024 * 1024
+SLICE_BYTES = 256 * 1024 * 1024  # ~70 ms of fixed cost per task against ~1 s of parsing
 
 PARTITION_KEYS = ["log_dir", "broker", "topic", "partition"]
 _KEYS = [
