@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,7 @@ from pidgate.pipeline.footprint_scan import (
 )
 from pidgate.pipeline.inputs import InputError
 from pidgate.pipeline.logdirs import discover_partitions, list_segments
-from pidgate.pipeline.parquet_tables import local_path, write_tables
+from pidgate.pipeline.parquet_tables import publish, staging_dir, write_tables
 from pidgate.pipeline.report import Section, is_local_uri, write_report
 from pidgate.pipeline.segments import SNAPSHOT_ENTRY_BYTES, SNAPSHOT_HEADER_BYTES
 
@@ -386,7 +385,7 @@ def run_footprint(
     if executor_writes is None:
         master = spark.sparkContext.master or ""
         executor_writes = is_local_uri(output) and master.startswith("local")
-    staging = _staging_dir(output) if executor_writes else None
+    staging = staging_dir(output) if executor_writes else None
     write_dir = str(staging) if staging is not None else None
     scanned = scan(spark, partitions, expiration_ms, verify_crc, write_dir)
     if staging is None:  # the Spark writers read the big tables from the cache
@@ -415,7 +414,7 @@ def run_footprint(
             {} if staging else big_tables(spark, scanned),
         )
         if staging is not None:
-            written += _publish(staging, output)
+            written += publish(staging, output, [f"{name}.parquet" for name in BIG_TABLES])
         sections = _sections(
             log_dirs,
             expiration_ms,
@@ -435,31 +434,6 @@ def run_footprint(
             scanned.unpersist()
         else:
             shutil.rmtree(staging, ignore_errors=True)
-
-
-def _staging_dir(output: str) -> Path:
-    """A new empty directory beside ``output`` (local) for the executors' part files."""
-    target = local_path(output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.footprint-", dir=target.parent))
-
-
-def _publish(staging: Path, output: str) -> list[str]:
-    """Move the executors' tables from ``staging`` to ``output`` (replacing earlier ones)."""
-    target = local_path(output)
-    target.mkdir(parents=True, exist_ok=True)
-    names = []
-    for name in BIG_TABLES:
-        source = staging / f"{name}.parquet"
-        (source / "_SUCCESS").touch()
-        destination = target / source.name
-        if destination.is_dir():
-            shutil.rmtree(destination)
-        elif destination.exists():
-            destination.unlink()
-        source.rename(destination)
-        names.append(source.name)
-    return names
 
 
 def _sections(

@@ -6,7 +6,9 @@ driver already holds in pandas goes to a local path (or ``file:`` URI) through p
 layout Spark writes (a ``<name>.parquet`` directory holding one part file and ``_SUCCESS``, so
 ``spark.read.parquet`` and ``pyarrow.parquet.read_table`` read both alike), and to any other
 Hadoop URI (``hdfs://``, ``s3a://``) through Spark from one ``createDataFrame``: one job. Jobs
-are submitted from a few threads, so their fixed costs overlap.
+are submitted from a few threads, so their fixed costs overlap. Tables the tasks write
+themselves go to a :func:`staging_dir` beside the output and are moved into place by
+:func:`publish` once the job succeeded.
 
 No Spark job is started here other than the writes themselves.
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -31,7 +34,7 @@ from pyspark.util import inheritable_thread_target
 
 from pidgate.pipeline.report import is_local_uri, join_uri
 
-__all__ = ["SmallTable", "local_path", "write_tables"]
+__all__ = ["SmallTable", "local_path", "publish", "staging_dir", "write_tables"]
 
 SmallTable = tuple[pd.DataFrame, StructType]
 """A pandas table and the Spark schema its Parquet file gets."""
@@ -94,3 +97,28 @@ def write_tables(
             for future in [pool.submit(inheritable_thread_target(spark)(job)) for job in jobs]:
                 future.result()
     return [f"{name}.parquet" for name in (*small, *big)]
+
+
+def staging_dir(output_dir: str) -> Path:
+    """A new empty directory beside ``output_dir`` (local) where tasks write tables that
+    :func:`publish` moves into place once the job succeeded."""
+    target = local_path(output_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+
+
+def publish(staging: Path, output_dir: str, names: Sequence[str]) -> list[str]:
+    """Move the table directories ``names`` from ``staging`` into ``output_dir`` (replacing
+    earlier ones), each marked with ``_SUCCESS`` as Spark's writer does; return ``names``."""
+    target = local_path(output_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        source = staging / name
+        (source / "_SUCCESS").touch()
+        destination = target / name
+        if destination.is_dir():
+            shutil.rmtree(destination)
+        elif destination.exists():
+            destination.unlink()
+        source.rename(destination)
+    return list(names)
