@@ -1,24 +1,27 @@
 """``pidgate analyze footprint``: how many producer-state entries each partition and broker holds.
 
-Reads broker log directories, distributing the parsing across executors BY FILE: the driver only
-lists segment files; an RDD of file paths is parsed on the executors with
-:func:`pidgate.pipeline.segments.iter_segment` (record batch headers only, every CRC-32C
-checked) and each file comes back pre-aggregated as one row per producer id seen in it (plus one
-row for batches without a PID), never as raw batches. A corrupt or truncated file yields an
-error row naming it (the good batches before the damage still count) and the other files are
-processed normally.
+The driver only lists segment files, grouped by partition; the executors read whole partitions
+in one pass (:mod:`pidgate.pipeline.footprint_scan`: record batch headers only, every CRC-32C
+checked) and send back, per file, one row per producer id and one row for the file, and per
+partition, one row per producer id (its last write, and whether Kafka still holds it) and the
+partition's counts. A corrupt or truncated file is reported (the good batches before the damage
+still count) and the other files are processed normally; when no batch at all could be read,
+the job raises :class:`~pidgate.pipeline.inputs.InputError` naming the log dirs and what was
+found, and writes nothing.
 
-Pure transforms (DataFrame -> DataFrame):
+Few Spark jobs, since each costs a fixed 0.3-2 s on a small machine. With a local output and a
+local master, ONE (RDDs, no SQL): the tasks parse and write the big tables (``segment_pids``,
+``last_writes``, ``active_pids``) themselves, then the rows are hash-partitioned by PID to
+count distinct PIDs per broker (:func:`small_rows`, the only shuffle) and the small rows come
+back. Otherwise (an ``hdfs://``/``s3a://`` output, a cluster) the parse is cached, that job
+collects the small rows, and Spark's writers write the big tables, three jobs at once. The
+small tables are computed on the driver with pandas (:func:`partition_footprint`,
+:func:`broker_footprint`, :func:`top_partitions`) and written without a job on local paths
+(:mod:`pidgate.pipeline.parquet_tables`).
 
-- :func:`last_write_per_pid`: per partition and PID, the PID's last batch (highest offset):
-  epoch, offset, timestamp, and whether it leaves a transaction open; plus the partition's
-  newest timestamp (max over all its batches, with or without PID; batch timestamps may be out
-  of order);
-- :func:`active_pids`: PIDs the broker would still hold: ``newest - last_timestamp <
-  expiration_ms`` (Kafka expires an entry when ``now - timestamp >= producer.id.expiration.ms``,
-  KIP-854, default 86400000), or a transaction still open (Kafka never expires those); the
-  reference "now" is the partition's newest timestamp;
-- :func:`partition_footprint`, :func:`broker_footprint`, :func:`top_partitions`.
+Kafka's rules (KIP-854): an entry expires when ``now - timestamp >=
+producer.id.expiration.ms`` (default 86400000), ``timestamp`` being the max_timestamp of the
+PID's last batch, unless a transaction is open; "now" is the partition's newest timestamp.
 
 Memory estimate per ``ProducerStateEntry`` (JDK 17, 64-bit, compressed oops, 8-byte alignment),
 counted from the fields of Kafka's ``ProducerStateManager``/``ProducerStateEntry``:
@@ -34,15 +37,15 @@ These are estimates of live heap, not measurements.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
 from matplotlib.figure import Figure
-from pyspark import StorageLevel
+from pyspark import RDD, StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
     IntegerType,
@@ -52,29 +55,41 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from pidgate.pipeline.logdirs import discover_partitions, list_segments
-from pidgate.pipeline.report import Section, write_report
-from pidgate.pipeline.segments import (
-    SNAPSHOT_ENTRY_BYTES,
-    SNAPSHOT_HEADER_BYTES,
-    SegmentError,
-    iter_segment,
+from pidgate.pipeline.footprint_scan import (
+    BIG_TABLES,
+    SCAN_ARROW_SCHEMA,
+    SegmentTask,
+    count_distinct_pids,
+    is_not_segment,
+    keyed_by_pid,
+    parse_segment,
+    scan_slices,
+    table_rows,
 )
+from pidgate.pipeline.inputs import InputError
+from pidgate.pipeline.logdirs import discover_partitions, list_segments
+from pidgate.pipeline.parquet_tables import publish, staging_dir, write_tables
+from pidgate.pipeline.report import Section, is_local_uri, write_report
+from pidgate.pipeline.segments import SNAPSHOT_ENTRY_BYTES, SNAPSHOT_HEADER_BYTES
 
 __all__ = [
+    "ACTIVE_PIDS_SCHEMA",
+    "BROKERS_SCHEMA",
     "DEFAULT_EXPIRATION_MS",
     "ENTRY_BYTES",
     "ERROR_SCHEMA",
+    "LAST_WRITES_SCHEMA",
     "OPEN_TXN_BYTES",
+    "PARTITIONS_SCHEMA",
     "SEGMENT_PIDS_SCHEMA",
-    "active_pids",
+    "big_tables",
     "broker_footprint",
-    "last_write_per_pid",
     "parse_segment",
-    "parse_segments",
     "partition_footprint",
     "run_footprint",
+    "scan",
     "segment_tasks",
+    "small_rows",
     "top_partitions",
 ]
 
@@ -84,21 +99,28 @@ DEFAULT_EXPIRATION_MS = 86_400_000  # producer.id.expiration.ms default (KIP-854
 ENTRY_BYTES = 424
 ENTRY_BYTES_MIN = 264
 OPEN_TXN_BYTES = 152
-SLICE_BYTES = 64 * 1024 * 1024
+SLICE_BYTES = 256 * 1024 * 1024  # ~70 ms of fixed cost per task against ~1 s of parsing
 
 PARTITION_KEYS = ["log_dir", "broker", "topic", "partition"]
+_KEYS = [
+    StructField("log_dir", StringType(), False),
+    StructField("broker", StringType(), False),
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+]
+
+
+def _longs(*names: str) -> list[StructField]:
+    return [StructField(name, LongType(), False) for name in names]
+
 
 SEGMENT_PIDS_SCHEMA = StructType(
     [
-        StructField("log_dir", StringType(), False),
-        StructField("broker", StringType(), False),
-        StructField("topic", StringType(), False),
-        StructField("partition", IntegerType(), False),
+        *_KEYS,
         StructField("segment", StringType(), False),
         StructField("producer_id", LongType(), False),  # -1: batches without a PID
         StructField("producer_epoch", IntegerType(), False),  # of the PID's last batch here
-        StructField("batches", LongType(), False),
-        StructField("bytes", LongType(), False),
+        *_longs("batches", "bytes"),
         StructField("max_timestamp", LongType(), False),  # max over the PID's batches here
         StructField("last_offset", LongType(), False),  # last offset of its last batch
         StructField("last_timestamp", LongType(), False),  # max_timestamp of its last batch
@@ -106,233 +128,219 @@ SEGMENT_PIDS_SCHEMA = StructType(
         StructField("is_control", BooleanType(), False),  # of its last batch
     ]
 )
-"""One row per (segment file, producer id): what the executors send back."""
+"""One row per (segment file, producer id): the ``segment_pids`` output."""
+
+LAST_WRITES_SCHEMA = StructType(
+    [
+        *_KEYS,
+        StructField("producer_id", LongType(), False),
+        StructField("producer_epoch", IntegerType(), False),
+        *_longs("last_offset", "last_timestamp"),
+        StructField("txn_open", BooleanType(), False),
+        *_longs("batches", "bytes", "partition_newest_timestamp"),
+    ]
+)
+"""One row per (partition, producer id), its last write: the ``last_writes`` output."""
+
+ACTIVE_PIDS_SCHEMA = StructType(
+    [*LAST_WRITES_SCHEMA.fields, StructField("age_ms", LongType(), False)]
+)
+"""The ``last_writes`` rows Kafka still holds, with their age: the ``active_pids`` output."""
 
 ERROR_SCHEMA = StructType(
     [
-        StructField("log_dir", StringType(), False),
-        StructField("broker", StringType(), False),
-        StructField("topic", StringType(), False),
-        StructField("partition", IntegerType(), False),
+        *_KEYS,
         StructField("segment", StringType(), False),
-        StructField("byte_position", LongType(), True),
+        StructField("byte_position", LongType(), True),  # null: the file could not be opened
         StructField("error", StringType(), False),
     ]
 )
+"""One row per segment file not read to the end: the ``errors`` output."""
 
-_PARSED_SCHEMA = StructType(
+PARTITIONS_SCHEMA = StructType(
     [
-        *SEGMENT_PIDS_SCHEMA.fields[:5],
-        *[StructField(f.name, f.dataType, True) for f in SEGMENT_PIDS_SCHEMA.fields[5:]],
-        StructField("byte_position", LongType(), True),
-        StructField("error", StringType(), True),
+        *_KEYS,
+        *_longs(
+            "active_pids",
+            "estimated_entries",
+            "open_transactions",
+            "estimated_bytes",
+            "snapshot_bytes",
+        ),
     ]
 )
+"""One row per partition holding active PIDs: the ``partitions`` output."""
 
-SegmentTask = tuple[str, str, str, int, str]
-"""(log_dir, broker, topic, partition, segment path)."""
+BROKERS_SCHEMA = StructType(
+    [
+        StructField("broker", StringType(), False),
+        *_longs(
+            "estimated_entries",
+            "distinct_pids",
+            "partitions",
+            "open_transactions",
+            "estimated_bytes",
+        ),
+    ]
+)
+"""One row per broker holding active PIDs: the ``brokers`` output."""
 
 
 # ---------------------------------------------------------------------------------------------
-# Executor side: one segment file -> rows
+# Reading: the driver lists, the executors parse
 
 
-def parse_segment(task: SegmentTask, verify_crc: bool = True) -> list[tuple[Any, ...]]:
-    """Rows (in ``_PARSED_SCHEMA`` order) for one segment file: one per producer id seen (and
-    ``producer_id`` -1 for batches without one), then an error row if the file is damaged."""
-    log_dir, broker, topic, partition, path = task
-    # pid -> [epoch, batches, bytes, max_ts, last_offset, last_ts, txn, control]
-    per_pid: dict[int, list[Any]] = {}
-    error: tuple[int | None, str] | None = None
-    try:
-        for batch in iter_segment(path, verify_crc=verify_crc, markers=False):
-            h = batch.header
-            last_offset = h.base_offset + h.last_offset_delta
-            size = h.batch_length + 12
-            row = per_pid.get(h.producer_id)
-            if row is None:
-                per_pid[h.producer_id] = [
-                    h.producer_epoch,
-                    1,
-                    size,
-                    h.max_timestamp,
-                    last_offset,
-                    h.max_timestamp,
-                    h.is_transactional,
-                    h.is_control,
-                ]
-                continue
-            row[1] += 1
-            row[2] += size
-            if h.max_timestamp > row[3]:
-                row[3] = h.max_timestamp
-            if last_offset >= row[4]:
-                row[0] = h.producer_epoch
-                row[4] = last_offset
-                row[5] = h.max_timestamp
-                row[6] = h.is_transactional
-                row[7] = h.is_control
-    except SegmentError as exc:
-        error = (exc.offset, exc.reason)
-    except OSError as exc:
-        error = (None, f"cannot read: {exc}")
-    out: list[tuple[Any, ...]] = [
-        (log_dir, broker, topic, partition, path, pid, *values, None, None)
-        for pid, values in per_pid.items()
-    ]
-    if error is not None:
-        out.append((log_dir, broker, topic, partition, path, *([None] * 9), error[0], error[1]))
-    return out
-
-
-def segment_tasks(log_dirs: Sequence[str]) -> list[tuple[SegmentTask, int]]:
-    """Every segment file under ``log_dirs`` with its size, largest first (driver side: a
-    directory listing, no file is opened)."""
-    tasks: list[tuple[SegmentTask, int]] = []
+def segment_tasks(log_dirs: Sequence[str]) -> list[list[SegmentTask]]:
+    """The segment files under ``log_dirs``, grouped by partition (in offset order), largest
+    partition first (driver side: a directory listing, no file is opened)."""
+    sized: list[tuple[int, list[SegmentTask]]] = []
     for log_dir in log_dirs:
         for part in discover_partitions(log_dir):
-            for segment in list_segments(part.path):
-                task = (part.log_dir, part.broker, part.topic, part.partition, segment.path)
-                tasks.append((task, segment.size))
-    tasks.sort(key=lambda t: -t[1])
-    return tasks
+            segments = list_segments(part.path)
+            if segments:
+                key = (part.log_dir, part.broker, part.topic, part.partition)
+                files = [(*key, s.path) for s in segments]
+                sized.append((sum(s.size for s in segments), files))
+    sized.sort(key=lambda t: -t[0])
+    return [files for _, files in sized]
 
 
-def parse_segments(
+def _slices(partitions: list[list[SegmentTask]], sizes: list[int], count: int) -> list[list[Any]]:
+    """``partitions`` (largest first) spread over ``count`` slices, each to the lightest."""
+    slices: list[list[Any]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for files, size in zip(partitions, sizes, strict=True):
+        lightest = loads.index(min(loads))
+        slices[lightest].append(files)
+        loads[lightest] += size
+    return slices
+
+
+def scan(
     spark: SparkSession,
-    tasks: Sequence[SegmentTask],
+    partitions: list[list[SegmentTask]],
+    expiration_ms: int = DEFAULT_EXPIRATION_MS,
     verify_crc: bool = True,
-    total_bytes: int | None = None,
-) -> DataFrame:
-    """Parse the files on the executors: a DataFrame of ``SEGMENT_PIDS_SCHEMA`` columns plus
-    nullable ``byte_position``/``error``.
+    write_dir: str | None = None,
+) -> RDD[tuple[Any, ...]]:
+    """Parse the partitions on the executors: an RDD of rows in
+    :data:`~pidgate.pipeline.footprint_scan.SCAN_ARROW_SCHEMA` order, ``segment``/``file``
+    per file, ``pid``/``partition`` per partition (no shuffle). With ``write_dir`` the tasks
+    write the big tables there and leave out the ``segment`` rows.
 
-    Spark partitions: one per ``SLICE_BYTES`` of input, at least two per core, at most one
-    per file; ``tasks`` (largest first) are dealt round-robin so every slice gets a similar
-    mix of big and small files.
+    Spark tasks: one per ``SLICE_BYTES`` of input, at least two per core, at most one per
+    partition; partitions go largest first to the lightest slice. Each task gets only its
+    slice number; the slices travel in the function's closure.
     """
-    if not tasks:
-        return spark.createDataFrame([], _PARSED_SCHEMA)
     sc = spark.sparkContext
-    by_size = -(-(total_bytes or 0) // SLICE_BYTES)
-    slices = max(1, min(len(tasks), max(2 * sc.defaultParallelism, by_size), 10_000))
-    dealt = [task for k in range(slices) for task in tasks[k::slices]]
-    rdd = sc.parallelize(dealt, slices)
-
-    def parse_all(part: Iterable[SegmentTask]) -> Iterator[tuple[Any, ...]]:
-        for task in part:
-            yield from parse_segment(task, verify_crc)
-
-    return spark.createDataFrame(rdd.mapPartitions(parse_all), _PARSED_SCHEMA)
+    sizes = [sum(Path(f[4]).stat().st_size for f in files) for files in partitions]
+    by_size = -(-sum(sizes) // SLICE_BYTES)
+    count = max(1, min(len(partitions), max(2 * sc.defaultParallelism, by_size), 10_000))
+    slices = _slices(partitions, sizes, count)
+    parse = scan_slices(slices, expiration_ms, verify_crc, write_dir)
+    return sc.parallelize(range(count), count).mapPartitions(parse)
 
 
-def split_parsed(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """(segment_pids, errors) from :func:`parse_segments`' output."""
-    ok = parsed.where(F.col("error").isNull()).select(*SEGMENT_PIDS_SCHEMA.fieldNames())
-    errors = parsed.where(F.col("error").isNotNull()).select(*ERROR_SCHEMA.fieldNames())
-    return ok, errors
+def small_rows(spark: SparkSession, scanned: RDD[tuple[Any, ...]]) -> pd.DataFrame:
+    """What the driver collects: the ``file`` and ``partition`` rows, and the distinct PIDs
+    (``broker`` and ``overall`` rows, to be summed), counted over the ``pid`` rows
+    hash-partitioned by producer id (one shuffle)."""
+    keyed = scanned.filter(is_not_segment).map(keyed_by_pid)
+    parts = max(1, spark.sparkContext.defaultParallelism)
+    rows = keyed.partitionBy(parts).mapPartitions(count_distinct_pids).collect()
+    return pd.DataFrame(rows, columns=SCAN_ARROW_SCHEMA.names)
+
+
+def big_tables(spark: SparkSession, scanned: RDD[tuple[Any, ...]]) -> dict[str, DataFrame]:
+    """The big tables from the scan's rows, for Spark's writer."""
+    schemas = {
+        "segment_pids": SEGMENT_PIDS_SCHEMA,
+        "last_writes": LAST_WRITES_SCHEMA,
+        "active_pids": ACTIVE_PIDS_SCHEMA,
+    }
+    return {
+        name: spark.createDataFrame(scanned.flatMap(table_rows(name)), schemas[name])
+        for name in BIG_TABLES
+    }
+
+
+def check_read(log_dirs: Sequence[str], files: pd.DataFrame) -> None:
+    """Raise :class:`InputError` unless at least one batch was read."""
+    if int(files["batches"].sum()) > 0:
+        return
+    failed = files[files["error"].notna()]
+    unreadable = int(failed["byte_position"].isna().sum())
+    found = (
+        f"{len(files)} segment files, none with a readable batch ({unreadable} unreadable, "
+        f"{len(failed) - unreadable} damaged, {len(files) - len(failed)} empty)"
+    )
+    first = failed.iloc[0] if len(failed) else None
+    example = f"; first: {first['segment']}: {first['error']}" if first is not None else ""
+    hint = "; on a cluster every executor must see the log dirs under the same path"
+    raise InputError(
+        f"--log-dirs {' '.join(log_dirs)}: {found}{example}; nothing to report"
+        + (hint if unreadable else "")
+    )
 
 
 # ---------------------------------------------------------------------------------------------
-# Pure transforms
+# Driver side, pandas: the small tables
 
 
-def last_write_per_pid(segment_pids: DataFrame) -> DataFrame:
-    """Per partition and producer id: its last batch (highest offset) and the partition's newest
-    timestamp. Columns: log_dir, broker, topic, partition, producer_id, producer_epoch,
-    last_offset, last_timestamp, txn_open, batches, bytes, partition_newest_timestamp."""
-    newest = segment_pids.groupBy(*PARTITION_KEYS).agg(
-        F.max("max_timestamp").alias("partition_newest_timestamp")
+def partition_footprint(counts: pd.DataFrame) -> pd.DataFrame:
+    """Per partition holding active PIDs (from the ``partition`` rows): active PIDs
+    (= ProducerStateManager entries), open transactions, estimated heap bytes and the size a
+    snapshot of them takes."""
+    rows = counts[counts["active_pids"] > 0]
+    active = rows["active_pids"].astype("int64")
+    txns = rows["open_transactions"].astype("int64")
+    table = pd.DataFrame(
+        {
+            "log_dir": rows["log_dir"],
+            "broker": rows["broker"],
+            "topic": rows["topic"],
+            "partition": rows["partition"].astype("int32"),
+            "active_pids": active,
+            "estimated_entries": active,
+            "open_transactions": txns,
+            "estimated_bytes": active * ENTRY_BYTES + txns * OPEN_TXN_BYTES,
+            "snapshot_bytes": SNAPSHOT_HEADER_BYTES + active * SNAPSHOT_ENTRY_BYTES,
+        }
     )
-    last = (
-        segment_pids.where(F.col("producer_id") >= 0)
-        .groupBy(*PARTITION_KEYS, "producer_id")
-        .agg(
-            F.max(
-                F.struct(
-                    "last_offset",
-                    "last_timestamp",
-                    "producer_epoch",
-                    "is_transactional",
-                    "is_control",
-                )
-            ).alias("last"),
-            F.sum("batches").alias("batches"),
-            F.sum("bytes").alias("bytes"),
-        )
-    )
-    return last.join(newest, PARTITION_KEYS).select(
-        *PARTITION_KEYS,
-        "producer_id",
-        F.col("last.producer_epoch").alias("producer_epoch"),
-        F.col("last.last_offset").alias("last_offset"),
-        F.col("last.last_timestamp").alias("last_timestamp"),
-        (F.col("last.is_transactional") & ~F.col("last.is_control")).alias("txn_open"),
-        "batches",
-        "bytes",
-        "partition_newest_timestamp",
-    )
+    return table.sort_values(["log_dir", "topic", "partition"]).reset_index(drop=True)
 
 
-def active_pids(last_writes: DataFrame, expiration_ms: int = DEFAULT_EXPIRATION_MS) -> DataFrame:
-    """The entries a broker keeps: ``age_ms = partition_newest_timestamp - last_timestamp <
-    expiration_ms`` (an age of exactly ``expiration_ms`` is expired, as in Kafka's
-    ``isProducerExpired``) or an open transaction. Adds ``age_ms``."""
-    age = F.col("partition_newest_timestamp") - F.col("last_timestamp")
-    return last_writes.withColumn("age_ms", age).where(
-        F.col("txn_open") | (F.col("age_ms") < F.lit(expiration_ms))
-    )
-
-
-def partition_footprint(active: DataFrame) -> DataFrame:
-    """Per partition: active PIDs (= ProducerStateManager entries), open transactions, estimated
-    heap bytes and the size a snapshot of them takes."""
-    entries = F.count(F.lit(1))
-    open_txns = F.sum(F.col("txn_open").cast("long"))
-    return (
-        active.groupBy(*PARTITION_KEYS)
-        .agg(entries.alias("active_pids"), open_txns.alias("open_transactions"))
-        .select(
-            *PARTITION_KEYS,
-            "active_pids",
-            F.col("active_pids").alias("estimated_entries"),
-            "open_transactions",
-            (
-                F.col("active_pids") * F.lit(ENTRY_BYTES)
-                + F.col("open_transactions") * F.lit(OPEN_TXN_BYTES)
-            ).alias("estimated_bytes"),
-            (F.lit(SNAPSHOT_HEADER_BYTES) + F.col("active_pids") * SNAPSHOT_ENTRY_BYTES).alias(
-                "snapshot_bytes"
-            ),
-        )
-    )
-
-
-def broker_footprint(active: DataFrame) -> DataFrame:
+def broker_footprint(partitions: pd.DataFrame, small: pd.DataFrame) -> pd.DataFrame:
     """Per broker: entries over all its partitions (each PID counts once per partition it
-    wrote to, as the broker holds one entry per partition), distinct PIDs, partitions holding
-    any, open transactions, estimated heap bytes."""
-    partitions = F.countDistinct("log_dir", "topic", "partition")
-    return (
-        active.groupBy("broker")
-        .agg(
-            F.count(F.lit(1)).alias("estimated_entries"),
-            F.countDistinct("producer_id").alias("distinct_pids"),
-            partitions.alias("partitions"),
-            F.sum(F.col("txn_open").cast("long")).alias("open_transactions"),
-        )
-        .withColumn(
-            "estimated_bytes",
-            F.col("estimated_entries") * F.lit(ENTRY_BYTES)
-            + F.col("open_transactions") * F.lit(OPEN_TXN_BYTES),
-        )
-        .orderBy(F.desc("estimated_entries"), "broker")
+    wrote to, as the broker holds one entry per partition), distinct active PIDs (the
+    ``broker`` rows of :func:`small_rows`), partitions holding any, open transactions,
+    estimated heap bytes; most entries first."""
+    table = partitions.groupby("broker", as_index=False).agg(
+        estimated_entries=("estimated_entries", "sum"),
+        partitions=("partition", "size"),
+        open_transactions=("open_transactions", "sum"),
     )
+    per_broker = (
+        small[small["kind"] == "broker"]
+        .groupby("broker", as_index=False)
+        .agg(distinct_pids=("distinct_active_pids", "sum"))
+    )
+    table = table.merge(per_broker, on="broker")
+    table["estimated_bytes"] = (
+        table["estimated_entries"] * ENTRY_BYTES + table["open_transactions"] * OPEN_TXN_BYTES
+    )
+    names = BROKERS_SCHEMA.fieldNames()
+    table = table.astype({name: "int64" for name in names[1:]})
+    table = table.sort_values(["estimated_entries", "broker"], ascending=[False, True])
+    return table[names].reset_index(drop=True)
 
 
-def top_partitions(partitions: DataFrame, n: int = 20) -> DataFrame:
+def top_partitions(partitions: pd.DataFrame, n: int = 20) -> pd.DataFrame:
     """The ``n`` partitions with the most active PIDs."""
-    return partitions.orderBy(F.desc("active_pids"), "topic", "partition", "log_dir").limit(n)
+    ranked = partitions.sort_values(
+        ["active_pids", "topic", "partition", "log_dir"], ascending=[False, True, True, True]
+    )
+    return ranked.head(n).reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,69 +364,82 @@ def run_footprint(
     *,
     verify_crc: bool = True,
     top_n: int = 20,
+    executor_writes: bool | None = None,
 ) -> Path:
     """Parse ``log_dirs`` on the executors, write ``segment_pids``, ``last_writes``,
     ``active_pids``, ``partitions``, ``brokers`` and ``errors`` as Parquet under ``output`` and
-    a report; return the report's path."""
-    listed = segment_tasks(log_dirs)
-    total_bytes = sum(size for _, size in listed)
-    parsed = parse_segments(spark, [task for task, _ in listed], verify_crc, total_bytes)
-    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-    segment_pids, errors = split_parsed(parsed)
-    last_writes = last_write_per_pid(segment_pids).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        active = active_pids(last_writes, expiration_ms)
-        partitions = partition_footprint(active)
-        brokers = broker_footprint(active)
-        top = top_partitions(partitions, top_n)
+    a report; return the report's path. Raises :class:`InputError`, writing nothing, when the
+    log dirs hold no segment file or no batch could be read from any.
 
-        brokers_pd: pd.DataFrame = brokers.toPandas()
-        top_pd: pd.DataFrame = top.toPandas()
-        errors_pd: pd.DataFrame = errors.limit(1000).toPandas()
-        for row in errors_pd.itertuples(index=False):
+    ``executor_writes`` (default: when ``output`` is local and the master is ``local``): the
+    tasks write the big tables themselves with pyarrow during the parse, into a directory
+    beside ``output`` moved into place at the end; otherwise the parse is cached and Spark's
+    writers write them (any Hadoop URI), three jobs at once."""
+    partitions = segment_tasks(log_dirs)
+    if not partitions:
+        folders = sum(len(discover_partitions(d)) for d in log_dirs)
+        raise InputError(
+            f"--log-dirs {' '.join(log_dirs)}: no segment file (<20-digit offset>.log) in "
+            f"{folders} partition folders; nothing to report"
+        )
+    if executor_writes is None:
+        master = spark.sparkContext.master or ""
+        executor_writes = is_local_uri(output) and master.startswith("local")
+    staging = staging_dir(output) if executor_writes else None
+    write_dir = str(staging) if staging is not None else None
+    scanned = scan(spark, partitions, expiration_ms, verify_crc, write_dir)
+    if staging is None:  # the Spark writers read the big tables from the cache
+        scanned = scanned.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # One job parses every file (and, with executor writes, writes the big tables); only
+        # the file and partition rows and the distinct counts come back.
+        small = small_rows(spark, scanned)
+        files = small[small["kind"] == "file"].astype({"byte_position": "Int64"})
+        check_read(log_dirs, files)
+        errors = files[files["error"].notna()][ERROR_SCHEMA.fieldNames()]
+        for row in errors.head(1000).itertuples(index=False):
             log.warning(
                 "unreadable segment %s at byte %s: %s", row.segment, row.byte_position, row.error
             )
-        totals = last_writes.agg(
-            F.count(F.lit(1)).alias("pid_partitions"),
-            F.countDistinct("producer_id").alias("pids"),
-        ).first()
-        active_total = int(brokers_pd["estimated_entries"].sum()) if len(brokers_pd) else 0
+        table = partition_footprint(small[small["kind"] == "partition"])
+        brokers = broker_footprint(table, small)
+        written = write_tables(
+            spark,
+            output,
+            {
+                "partitions": (table, PARTITIONS_SCHEMA),
+                "brokers": (brokers, BROKERS_SCHEMA),
+                "errors": (errors, ERROR_SCHEMA),
+            },
+            {} if staging else big_tables(spark, scanned),
+        )
+        if staging is not None:
+            written += publish(staging, output, [f"{name}.parquet" for name in BIG_TABLES])
         sections = _sections(
             log_dirs,
             expiration_ms,
-            len(listed),
-            total_bytes,
-            int(totals["pid_partitions"]) if totals else 0,
-            int(totals["pids"]) if totals else 0,
-            active_total,
-            brokers_pd,
-            top_pd,
-            errors_pd,
+            files,
+            int(small["pid_partitions"].sum()),
+            int(small["distinct_pids"].sum()),
+            int(table["estimated_entries"].sum()),
+            brokers,
+            top_partitions(table, top_n),
+            errors,
         )
-        return write_report(
-            output,
-            "pidgate footprint: producer-state entries per partition and broker",
-            sections,
-            {
-                "segment_pids": segment_pids,
-                "last_writes": last_writes,
-                "active_pids": active,
-                "partitions": partitions,
-                "brokers": brokers,
-                "errors": errors,
-            },
-        )
+        sections.append(Section("Outputs", "Parquet, next to this report: " + ", ".join(written)))
+        title = "pidgate footprint: producer-state entries per partition and broker"
+        return write_report(output, title, sections, {})
     finally:
-        parsed.unpersist()
-        last_writes.unpersist()
+        if staging is None:
+            scanned.unpersist()
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _sections(
     log_dirs: list[str],
     expiration_ms: int,
-    files: int,
-    total_bytes: int,
+    files: pd.DataFrame,
     pid_partitions: int,
     pids: int,
     active_total: int,
@@ -426,15 +447,18 @@ def _sections(
     top_pd: pd.DataFrame,
     errors_pd: pd.DataFrame,
 ) -> list[Section]:
+    unreadable = int(errors_pd["byte_position"].isna().sum())
     summary = (
         f"Log dirs: {', '.join(log_dirs)}\n"
-        f"Segment files: {files} ({total_bytes / 1e6:.1f} MB), every batch CRC-checked.\n"
+        f"Segment files: {len(files)} ({int(files['bytes'].sum()) / 1e6:.1f} MB in "
+        f"{int(files['batches'].sum())} batches read), every batch CRC-checked.\n"
         f"Producer ids seen: {pids} distinct, {pid_partitions} (PID, partition) pairs.\n"
         f"Active entries (last write within producer.id.expiration.ms = {expiration_ms} ms of "
         f"the partition's newest timestamp, or transaction open): {active_total}.\n"
         f"Estimated ProducerStateManager heap: {active_total * ENTRY_BYTES / 1e6:.2f} MB "
         f"(+ open transactions), at {ENTRY_BYTES} bytes per entry.\n"
-        f"Unreadable segment files: {len(errors_pd)}."
+        f"Segment files not read to the end: {len(errors_pd)} ({len(errors_pd) - unreadable} "
+        f"damaged, {unreadable} unreadable)."
     )
     method = (
         "Reference time: a partition's newest batch max_timestamp (not the wall clock), so the "

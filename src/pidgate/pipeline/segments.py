@@ -79,6 +79,7 @@ _PREFIX = struct.Struct(">qiibI")
 # base_sequence, records_count: the CRC-covered header part (40 bytes)
 _COVERED = struct.Struct(">hiqqqhii")
 _LENGTH = struct.Struct(">qi")
+_V2_HEADER = struct.Struct(_PREFIX.format + _COVERED.format[1:])  # the 61 bytes before records
 _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
 _CONTROL_KEY = struct.Struct(">hh")  # version, type (ControlRecordType: ABORT 0, COMMIT 1)
@@ -415,10 +416,15 @@ def _walk(
                     f"CRC mismatch in batch at base offset {base_offset}: stored {stored:#010x},"
                     f" computed {computed:#010x}",
                 )
-        try:
-            header = next(iter_batch_headers(buf[pos : pos + total]))
-        except (MalformedMessageError, StopIteration) as exc:
-            raise SegmentError(path, pos, f"malformed batch header: {exc}") from None
+        if magic == 2 and total >= BATCH_V2_HEADER_BYTES:
+            # The common case read in place: one unpack, no slice (a few µs per batch saved).
+            f = _V2_HEADER.unpack_from(buf, pos)
+            header = BatchHeader(f[0], f[1], 2, f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12])
+        else:
+            try:
+                header = next(iter_batch_headers(buf[pos : pos + total]))
+            except (MalformedMessageError, StopIteration) as exc:
+                raise SegmentError(path, pos, f"malformed batch header: {exc}") from None
         if header.base_offset < min_offset:
             raise SegmentError(
                 path,
