@@ -106,10 +106,12 @@ def test_a_footprint_that_read_nothing_fails(
         ["analyze", "footprint", "--log-dirs", str(tmp_path / "logs"), "--output",
          str(tmp_path / "out")]
     )  # fmt: skip
-    assert run_analyze(args) == 1
+    assert run_analyze(args) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith(f"pidgate analyze footprint: --log-dirs {tmp_path / 'logs'}: read 0 ")
-    assert "1 unreadable, first " in last and "00000000000000000000.log" in last
+    assert last.startswith(f"pidgate analyze footprint: --log-dirs {tmp_path / 'logs'}: ")
+    assert "none with a readable batch" in last and "1 damaged" in last
+    assert "00000000000000000000.log" in last
+    assert not (tmp_path / "out" / "segment_pids.parquet").exists()  # nothing half-written
 
 
 def test_a_log_dir_without_files_is_refused_before_spark(

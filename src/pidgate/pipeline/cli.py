@@ -13,7 +13,8 @@ Paths may be local or any Hadoop filesystem URI; ``--output`` defaults to
 chose); every job also takes ``--conf KEY=VALUE`` (repeatable, wins), ``--driver-host``,
 ``--executor-python`` and ``--no-ship`` for clusters (:mod:`pidgate.pipeline.spark`). On a
 cluster the executors are checked before the job (:mod:`pidgate.pipeline.executors`), and
-after it a local output without data files, or a footprint that read nothing, is an error.
+after it a local output without data files is an error (footprint itself refuses to report
+when it read no batch).
 Job modules are imported only when their job runs.
 
 Inputs are checked before Spark starts (:mod:`pidgate.pipeline.inputs`): a missing path, a bad
@@ -330,7 +331,7 @@ def _start_spark(
 
 def _check_written(spark: Any, args: argparse.Namespace, report: Any) -> None:
     """Raise JobError when a job's local output holds no data files (executors that wrote
-    elsewhere) or, for footprint, when nothing at all was read."""
+    elsewhere)."""
     from pidgate.pipeline.errors import JobError
     from pidgate.pipeline.inputs import is_local_path
 
@@ -344,16 +345,6 @@ def _check_written(spark: Any, args: argparse.Namespace, report: Any) -> None:
                 f"--output {output}: {table.name} holds no data files, only what the driver "
                 "wrote: the executors wrote to a filesystem it does not see; use storage every "
                 "worker shares at the same path, or a Hadoop URI (hdfs://, s3a://)"
-            )
-    if args.job == "footprint":
-        rows = spark.read.parquet(str(directory / "segment_pids.parquet")).count()
-        if rows == 0:
-            errors = spark.read.parquet(str(directory / "errors.parquet"))
-            first = errors.select("segment", "error").first()
-            why = f"; {errors.count()} unreadable, first {first[0]}: {first[1]}" if first else ""
-            raise JobError(
-                f"--log-dirs {' '.join(args.log_dirs)}: read 0 batches from the segment "
-                f"files there{why}"
             )
 
 
