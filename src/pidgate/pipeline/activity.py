@@ -267,8 +267,9 @@ def storm_rule(percentile: float = 0.99, headroom: float = 1.5) -> str:
         f"its healthy baseline, not from the storm: p{percentile * 100:g} of the demand of its "
         f"other hours x {headroom:g}, or, when every hour stormed, the smaller of "
         f"p{percentile * 100:g} of its clients per hour x {headroom:g} (one new PID per "
-        f"producer per hour) and p{percentile * 100:g} of the new PIDs it was admitted per hour "
-        f"(what the current quota let through: a storm never loosens its quota)."
+        f"producer per hour) and p{percentile * 100:g} of its PIDs per hour that were admitted "
+        f"without being refused (what the current quota let through at once, not the storm "
+        f"that waited for tokens: a storm never loosens its quota)."
     )
 
 
@@ -303,7 +304,9 @@ def recommend_with_storms(
     p_all = F.percentile(demand.cast("double"), F.lit(percentile))
     p_healthy = F.percentile(F.when(~F.col("stormy"), demand.cast("double")), F.lit(percentile))
     p_clients = F.percentile(F.col("clients").cast("double"), F.lit(percentile))
-    p_admitted = F.percentile(F.col("new_pids").cast("double"), F.lit(percentile))
+    # PIDs admitted and never refused in the hour (demand = new | refused): what the quota let
+    # through at once, not the storm that waited for tokens.
+    p_admitted = F.percentile((demand - F.col("refused")).cast("double"), F.lit(percentile))
     agg = hours.groupBy("principal").agg(
         F.count(F.lit(1)).alias("active_hours"),
         F.max(demand).alias("peak_hourly_demand"),
@@ -353,7 +356,7 @@ def recommend_with_storms(
             F.format_string(
                 f"restart storm in every hour (peak %d PIDs/h, %.1f per client, %.0f%% "
                 f"refused); the smaller of {p} %.0f clients/h x {headroom:g} and {p} %.0f "
-                f"PIDs/h admitted",
+                f"PIDs/h admitted at first try",
                 F.col("peak_hourly_demand"),
                 F.col("peak_pids_per_client"),
                 F.col("rejected_share") * 100,
@@ -459,9 +462,10 @@ def _rate_columns_text(percentile: float, headroom: float, window_s: int) -> str
         "UTC hour (admitted as new or rejected). 'baseline PIDs per hour' is the hourly demand "
         f"the recommendation is built from, before the x {headroom:g} headroom: {p} of all "
         f"hours for a steady principal, {p} of its healthy (non-storm) hours for a storm, or, "
-        "when every hour stormed, the smaller of its clients per hour and what it was admitted "
-        f"per hour / {headroom:g}. 'refused' is the share of the PIDs that asked which were "
-        f"rejected at least once. Window: {scale}. The {window} window is what you set as "
+        "when every hour stormed, the smaller of its clients per hour and its PIDs per hour "
+        f"admitted at first try / {headroom:g}. 'refused' is the share of the PIDs that asked "
+        "which were rejected (or would have been, in observe mode) at least once. "
+        f"Window: {scale}. The {window} window is what you set as "
         "producer.id.quota.window.size.seconds; run with the window you run."
     )
 
