@@ -185,16 +185,20 @@ FACT_COLUMNS = (
 )
 
 
-@pytest.mark.parametrize("local", [True, False], ids=["python-reads-files", "spark-text"])
+@pytest.mark.parametrize(
+    ("local", "driver_bytes"),
+    [(True, 1 << 30), (True, 0), (False, 0)],
+    ids=["driver-reads-files", "python-workers-read-files", "spark-text"],
+)
 def test_the_fast_path_counts_what_the_reference_counts(
-    spark: SparkSession, tmp_path: Path, local: bool
+    spark: SparkSession, tmp_path: Path, local: bool, driver_bytes: int
 ) -> None:
     """Generated events with bad lines, odd lines (blank, wrong types, not an object, a number
     in a string field) and a gzip file of observe-mode events: the facts give exactly the
     hourly rows, bad-line count included, of Spark's JSON reader and countDistinct."""
     write_odd_log(tmp_path / "ev")
     paths = sorted(str(p) for p in (tmp_path / "ev").iterdir())
-    facts = event_facts(spark, paths, local=local)
+    facts = event_facts(spark, paths, local=local, driver_bytes=driver_bytes)
     fast = hourly_from_facts(facts).select(*FACT_COLUMNS)
     reference = reference_hourly(spark, paths)
     assertDataFrameEqual(fast.filter("not bad"), reference.filter("not bad"))

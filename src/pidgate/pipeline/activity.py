@@ -21,15 +21,24 @@ quota to observe before enforcing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pidgate.pipeline.activity_charts import PidFates, fates_figure, timeline_figure
+from pidgate.pipeline.activity_charts import (
+    PidFates,
+    display_rates,
+    duration,
+    fates_figure,
+    rate_columns_text,
+    storm_reasons,
+    timeline_figure,
+    utc,
+    window_name,
+    yaml_snippet,
+)
 from pidgate.pipeline.eventfacts import (
     CLIENT,
     PID,
@@ -408,100 +417,6 @@ def bucketed_counts(facts: DataFrame, bucket_s: int, principals: list[str]) -> D
     )
 
 
-_DAY_S = 86_400
-
-
-def _window_name(window_s: int) -> str:
-    return "1-hour" if window_s == 3600 else f"{window_s} s"
-
-
-def _display_rates(rates: pd.DataFrame, percentile: float, window_s: int) -> pd.DataFrame:
-    """The recommendations as the report shows them: short headers that wrap, storm/steady in
-    words, one decimal, the reasons left to the text above (the Parquet keeps them)."""
-    p = f"p{percentile * 100:g}"
-    window = _window_name(window_s)
-    columns: dict[str, Any] = {
-        "principal": rates["principal"],
-        "demand": rates["storm"].map({True: "restart storm", False: "steady"}),
-        f"recommended producer_ids_rate (per {window} window)": rates[
-            "recommended_producer_ids_rate"
-        ],
-    }
-    if window_s != 3600:
-        columns["per hour, before scaling to the window"] = rates["recommended_per_hour"]
-    columns |= {
-        "baseline PIDs per hour (before headroom)": rates["baseline_hourly_demand"]
-        .astype(float)
-        .round(1),
-        f"{p} PIDs per hour": rates["percentile_hourly_demand"].astype(float).round(1),
-        "peak PIDs per hour": rates["peak_hourly_demand"],
-        "storm hours / hours": [
-            f"{s} / {a}" for s, a in zip(rates["storm_hours"], rates["active_hours"], strict=True)
-        ],
-        "peak PIDs per client and hour": rates["peak_pids_per_client"],
-        "refused": [f"{share:.0%}" for share in rates["rejected_share"].astype(float)],
-    }
-    return pd.DataFrame(columns)
-
-
-def _rate_columns_text(percentile: float, headroom: float, window_s: int) -> str:
-    p = f"p{percentile * 100:g}"
-    window = _window_name(window_s)
-    scale = (
-        "the quota window of this report is 1 hour (producer.id.quota.window.size.seconds = "
-        "3600, pidgate's default), so the per-hour figures are the rates"
-        if window_s == 3600
-        else f"pidgate's quota is new PIDs per window (producer.id.quota.window.size.seconds); "
-        f"this report was run for a {window_s} s window, so each rate is the per-hour figure "
-        f"x {window_s}/3600, rounded up, at least 1 (the per-hour figure is shown beside it; "
-        f"the token bucket holds one window's rate, so a burst of more new PIDs than that "
-        f"within {window_s} s waits)"
-    )
-    return (
-        "Columns: demand per hour is the number of distinct PIDs that asked to be new in one "
-        "UTC hour (admitted as new or rejected). 'baseline PIDs per hour' is the hourly demand "
-        f"the recommendation is built from, before the x {headroom:g} headroom: {p} of all "
-        f"hours for a steady principal, {p} of its healthy (non-storm) hours for a storm, or, "
-        "when every hour stormed, the smaller of its clients per hour and its PIDs per hour "
-        f"admitted at first try / {headroom:g}. 'refused' is the share of the PIDs that asked "
-        "which were rejected (or would have been, in observe mode) at least once. "
-        f"Window: {scale}. The {window} window is what you set as "
-        "producer.id.quota.window.size.seconds; run with the window you run."
-    )
-
-
-def _storm_reasons(rates: pd.DataFrame, limit: int = 20) -> str:
-    storms = rates[rates["storm"]] if len(rates) else rates
-    if not len(storms):
-        return "No restart storms: every recommendation follows the steady rule."
-    lines = [f"  {r.principal}: {r.reason}" for r in storms.head(limit).itertuples(index=False)]
-    if len(storms) > limit:
-        lines.append(f"  ... and {len(storms) - limit} more (recommendations.parquet)")
-    return "Why, per restart storm:\n" + "\n".join(lines)
-
-
-def _yaml_snippet(rates: list[tuple[str, int]], window_s: int) -> str:
-    lines = ["quota:", f"  producer.id.quota.window.size.seconds: {window_s}", "  users:"]
-    for principal, rate in rates:
-        name = principal.removeprefix("User:")
-        lines.append(f'    "{name}": {{producer_ids_rate: {rate}}}')
-    return "\n".join(lines)
-
-
-def _utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * _DAY_S:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / _DAY_S:.1f} days"
-
-
 def _observe_section(hourly: DataFrame, fates_pd: pd.DataFrame, limit: int = 48) -> Section:
     """What enforcement would have done, from observe mode's ``would_reject`` events."""
     per_hour: pd.DataFrame = (
@@ -657,13 +572,13 @@ def build_activity_report(
         )
         if files.renamed:
             source += f" ({files.renamed} with ':' in the name, read through safe-named links)"
-        duration = _duration((last_ms - first_ms) / 1000)
+        span = duration((last_ms - first_ms) / 1000)
         storm_names = ", ".join(str(p) for p in storms["principal"].head(10))
         would_requests = int(totals["would_reject_requests"] or 0)
         summary = (
             f"Event log: {source}\n"
             f"Bad lines skipped: {bad_lines}\n"
-            f"Period: {_utc(first_ms)} .. {_utc(last_ms)} ({duration})"
+            f"Period: {utc(first_ms)} .. {utc(last_ms)} ({span})"
             + (
                 "; limited to --since/--until"
                 if since_ms is not None or until_ms is not None
@@ -743,19 +658,19 @@ def build_activity_report(
                 + "\n\nStorms: "
                 + storm_rule(percentile, headroom)
                 + "\n\n"
-                + _rate_columns_text(percentile, headroom, window_s)
+                + rate_columns_text(percentile, headroom, window_s)
                 + "\n\n"
-                + _storm_reasons(rates_pd)
+                + storm_reasons(rates_pd)
                 + "\n\nAs pidgate config:\n"
-                + _yaml_snippet(recommended, window_s),
-                _display_rates(rates_pd, percentile, window_s),
+                + yaml_snippet(recommended, window_s),
+                display_rates(rates_pd, percentile, window_s),
             ),
         ]
         if would_requests:
             sections.append(_observe_section(hourly, offenders_pd_all(fates)))
         lines = [
             f"{total:,} events ({bad_lines} bad lines skipped), {totals['principals']} "
-            f"principals, {_utc(first_ms)} .. {_utc(last_ms)}",
+            f"principals, {utc(first_ms)} .. {utc(last_ms)}",
             f"new PIDs: {totals['new_pids'] or 0:,}; rejected Produce requests: "
             f"{totals['rejected_requests'] or 0:,}",
         ]
@@ -766,7 +681,7 @@ def build_activity_report(
             )
         for row in offenders_pd.head(3).itertuples(index=False):
             lines.append(f"  top: {row.principal}: {int(row.new_pids):,} new PIDs")
-        window = _window_name(window_s)
+        window = window_name(window_s)
         for row in storms.head(5).itertuples(index=False):
             lines.append(
                 f"  restart storm: {row.principal}: recommended producer_ids_rate "

@@ -1,5 +1,6 @@
-"""The activity report's two charts, from plain Python data (no Spark): distinct PIDs per
-principal by what became of them, and new PIDs and rejections per time bucket.
+"""The activity report's charts and the words around them, from plain Python and pandas data
+(no Spark): distinct PIDs per principal by what became of them, new PIDs and rejections per
+time bucket, the recommendations table and the texts that explain it.
 
 Built with :class:`matplotlib.figure.Figure` (no pyplot state); axes come from
 :func:`pidgate.pipeline.report.time_axis` so every report's time axis reads the same.
@@ -8,7 +9,10 @@ Built with :class:`matplotlib.figure.Figure` (no pyplot state); axes come from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
+import pandas as pd  # type: ignore[import-untyped, unused-ignore]
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -126,3 +130,94 @@ def timeline_figure(
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
+
+
+def window_name(window_s: int) -> str:
+    return "1-hour" if window_s == 3600 else f"{window_s} s"
+
+
+def display_rates(rates: pd.DataFrame, percentile: float, window_s: int) -> pd.DataFrame:
+    """The recommendations as the report shows them: short headers that wrap, storm/steady in
+    words, one decimal, the reasons left to the text above (the Parquet keeps them)."""
+    p = f"p{percentile * 100:g}"
+    window = window_name(window_s)
+    columns: dict[str, Any] = {
+        "principal": rates["principal"],
+        "demand": rates["storm"].map({True: "restart storm", False: "steady"}),
+        f"recommended producer_ids_rate (per {window} window)": rates[
+            "recommended_producer_ids_rate"
+        ],
+    }
+    if window_s != 3600:
+        columns["per hour, before scaling to the window"] = rates["recommended_per_hour"]
+    columns |= {
+        "baseline PIDs per hour (before headroom)": rates["baseline_hourly_demand"]
+        .astype(float)
+        .round(1),
+        f"{p} PIDs per hour": rates["percentile_hourly_demand"].astype(float).round(1),
+        "peak PIDs per hour": rates["peak_hourly_demand"],
+        "storm hours / hours": [
+            f"{s} / {a}" for s, a in zip(rates["storm_hours"], rates["active_hours"], strict=True)
+        ],
+        "peak PIDs per client and hour": rates["peak_pids_per_client"],
+        "refused": [f"{share:.0%}" for share in rates["rejected_share"].astype(float)],
+    }
+    return pd.DataFrame(columns)
+
+
+def rate_columns_text(percentile: float, headroom: float, window_s: int) -> str:
+    p = f"p{percentile * 100:g}"
+    window = window_name(window_s)
+    scale = (
+        "the quota window of this report is 1 hour (producer.id.quota.window.size.seconds = "
+        "3600, pidgate's default), so the per-hour figures are the rates"
+        if window_s == 3600
+        else f"pidgate's quota is new PIDs per window (producer.id.quota.window.size.seconds); "
+        f"this report was run for a {window_s} s window, so each rate is the per-hour figure "
+        f"x {window_s}/3600, rounded up, at least 1 (the per-hour figure is shown beside it; "
+        f"the token bucket holds one window's rate, so a burst of more new PIDs than that "
+        f"within {window_s} s waits)"
+    )
+    return (
+        "Columns: demand per hour is the number of distinct PIDs that asked to be new in one "
+        "UTC hour (admitted as new or rejected). 'baseline PIDs per hour' is the hourly demand "
+        f"the recommendation is built from, before the x {headroom:g} headroom: {p} of all "
+        f"hours for a steady principal, {p} of its healthy (non-storm) hours for a storm, or, "
+        "when every hour stormed, the smaller of its clients per hour and its PIDs per hour "
+        f"admitted at first try / {headroom:g}. 'refused' is the share of the PIDs that asked "
+        "which were rejected (or would have been, in observe mode) at least once. "
+        f"Window: {scale}. The {window} window is what you set as "
+        "producer.id.quota.window.size.seconds; run with the window you run."
+    )
+
+
+def storm_reasons(rates: pd.DataFrame, limit: int = 20) -> str:
+    storms = rates[rates["storm"]] if len(rates) else rates
+    if not len(storms):
+        return "No restart storms: every recommendation follows the steady rule."
+    lines = [f"  {r.principal}: {r.reason}" for r in storms.head(limit).itertuples(index=False)]
+    if len(storms) > limit:
+        lines.append(f"  ... and {len(storms) - limit} more (recommendations.parquet)")
+    return "Why, per restart storm:\n" + "\n".join(lines)
+
+
+def yaml_snippet(rates: list[tuple[str, int]], window_s: int) -> str:
+    lines = ["quota:", f"  producer.id.quota.window.size.seconds: {window_s}", "  users:"]
+    for principal, rate in rates:
+        name = principal.removeprefix("User:")
+        lines.append(f'    "{name}": {{producer_ids_rate: {rate}}}')
+    return "\n".join(lines)
+
+
+def utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * _DAY_S:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / _DAY_S:.1f} days"

@@ -103,7 +103,10 @@ _FACT_DDL = (
     "first_rejected_ms bigint, first_would_ms bigint, events bigint, init_producer_ids bigint, "
     "throttle_ms_max bigint, first_ms bigint, last_ms bigint"
 )
-_SPLIT_BYTES = 64 << 20
+_SPLIT_BYTES = 32 << 20
+#: Local logs up to this size are boiled down on the driver: no Python workers to start, which
+#: is most of the fixed cost of a small (demo-sized) log.
+DRIVER_BYTES = 32 << 20
 _HOUR_MS = 3_600_000
 
 
@@ -381,10 +384,11 @@ def event_facts(
     local: bool,
     since_ms: int | None = None,
     until_ms: int | None = None,
+    driver_bytes: int = DRIVER_BYTES,
 ) -> DataFrame:
     """The facts of every line of ``paths`` (module doc), merged by Spark: one row per key.
     ``local``: ``paths`` are local files every executor can open (otherwise URIs for Spark's
-    text reader)."""
+    text reader); up to ``driver_bytes`` of them are read on the driver."""
 
     def of_splits(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -407,7 +411,12 @@ def event_facts(
         if pending:
             yield from _batches(facts_of_lines(_joined(pending), since_ms, until_ms))
 
-    if local:
+    if local and _local_bytes(paths) <= driver_bytes:
+        table = pa.concat_tables(
+            [facts_of_lines(read_split(*split), since_ms, until_ms) for split in file_splits(paths)]
+        )
+        raw = spark.createDataFrame(table.to_pandas(), _FACT_DDL)
+    elif local:
         splits = file_splits(paths)
         source = spark.createDataFrame(splits, "path string, start bigint, length bigint")
         source = source.repartition(max(1, len(splits)))
@@ -428,6 +437,13 @@ def event_facts(
         F.min("first_ms").alias("first_ms"),
         F.max("last_ms").alias("last_ms"),
     )
+
+
+def _local_bytes(paths: Sequence[str]) -> int:
+    """The input size, a compressed file counted as ten times its size."""
+    import os
+
+    return sum(os.path.getsize(p) * (10 if p.endswith(".gz") else 1) for p in paths)
 
 
 def _joined(lines: list[pa.Array]) -> bytes:
