@@ -41,11 +41,13 @@ from pidgate.pipeline.activity_charts import (
 )
 from pidgate.pipeline.eventfacts import (
     CLIENT,
+    DRIVER_BYTES,
     PID,
     REJECTED_REQUEST,
     WOULD_REJECT,
     WOULD_REQUEST,
     event_facts,
+    local_bytes,
 )
 from pidgate.pipeline.events import ADMITTED_NEW, BAD, INIT_PRODUCER_ID, REJECTED, hour_of
 from pidgate.pipeline.inputs import EventFiles, InputError, event_files
@@ -729,22 +731,32 @@ def run_activity(
     ``recommendations`` Parquet plus ``report.html`` under ``output``; return the HTML path.
     ``window_s`` is the quota window the recommendations are for. Raises
     :class:`InputError` when there are no events."""
-    report = build_activity_report(
-        spark,
-        events_path,
-        top_n=top_n,
-        percentile=percentile,
-        headroom=headroom,
-        window_s=window_s,
-        since_ms=since_ms,
-        until_ms=until_ms,
-        progress=progress,
-    )
+    files = event_files(events_path) if isinstance(events_path, str) else events_path
+    # A small log makes small aggregates: one shuffle partition instead of the session's few
+    # saves a task per partition in each of the job's dozen stages (restored afterwards).
+    small = all(is_local_uri(p) for p in files.paths) and local_bytes(files.paths) <= DRIVER_BYTES
+    partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    if small:
+        spark.conf.set("spark.sql.shuffle.partitions", "1")
     try:
-        stage(progress, f"writing Parquet and report.html to {output} ...")
-        path = write_report(output, "pidgate activity report", report.sections, report.frames)
-        if progress is not None:
-            progress.summarize(*report.summary)
-        return path
+        report = build_activity_report(
+            spark,
+            files,
+            top_n=top_n,
+            percentile=percentile,
+            headroom=headroom,
+            window_s=window_s,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            progress=progress,
+        )
+        try:
+            stage(progress, f"writing Parquet and report.html to {output} ...")
+            path = write_report(output, "pidgate activity report", report.sections, report.frames)
+            if progress is not None:
+                progress.summarize(*report.summary)
+            return path
+        finally:
+            report.release()
     finally:
-        report.release()
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)

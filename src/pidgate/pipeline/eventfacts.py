@@ -42,6 +42,7 @@ from pyspark.sql import functions as F
 
 __all__ = [
     "CLIENT",
+    "DRIVER_BYTES",
     "PID",
     "REJECTED_REQUEST",
     "STATS",
@@ -50,6 +51,7 @@ __all__ = [
     "event_facts",
     "facts_of_lines",
     "file_splits",
+    "local_bytes",
 ]
 
 STATS, PID, REJECTED_REQUEST, WOULD_REQUEST, CLIENT = 0, 1, 2, 3, 4
@@ -411,7 +413,7 @@ def event_facts(
         if pending:
             yield from _batches(facts_of_lines(_joined(pending), since_ms, until_ms))
 
-    if local and _local_bytes(paths) <= driver_bytes:
+    if local and local_bytes(paths) <= driver_bytes:
         table = pa.concat_tables(
             [facts_of_lines(read_split(*split), since_ms, until_ms) for split in file_splits(paths)]
         )
@@ -439,11 +441,12 @@ def event_facts(
     )
 
 
-def _local_bytes(paths: Sequence[str]) -> int:
+def local_bytes(paths: Sequence[str]) -> int:
     """The input size, a compressed file counted as ten times its size."""
     import os
 
-    return sum(os.path.getsize(p) * (10 if p.endswith(".gz") else 1) for p in paths)
+    local = [p.removeprefix("file://").removeprefix("file:") for p in paths]
+    return sum(os.path.getsize(p) * (10 if p.endswith(".gz") else 1) for p in local)
 
 
 def _joined(lines: list[pa.Array]) -> bytes:
