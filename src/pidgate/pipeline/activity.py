@@ -219,7 +219,8 @@ def rate_rule(percentile: float = 0.99, headroom: float = 1.5) -> str:
     """The recommendation rule in words, as printed in the report."""
     return (
         f"recommended producer_ids_rate = max(1, ceil(p{percentile * 100:g} of hourly demand "
-        f"x {headroom:g})) per hour, scaled to the quota window (see Columns), where hourly demand is the number of distinct PIDs that asked to be "
+        f"x {headroom:g})) per hour, scaled to the quota window (see Columns), where hourly "
+        f"demand is the number of distinct PIDs that asked to be "
         f"new in one UTC hour (admitted as new or rejected), and the percentile is exact "
         f"(linear interpolation) over the hours in which the principal had any event."
     )
