@@ -47,7 +47,7 @@ def fit_labels(names: list[str], width: int = 28) -> list[str]:
 def fates_figure(fates: list[PidFates]) -> Figure:
     """Horizontal stacked bars, most PIDs on top: one bar per principal whose length is its
     distinct PIDs, split by fate; the rejected requests written beside each bar."""
-    fig = Figure(figsize=(10, max(3.0, 0.45 * len(fates) + 2.0)))
+    fig = Figure(figsize=(10, max(2.8, 0.4 * len(fates) + 1.8)))
     ax = fig.add_subplot()
     rows = list(reversed(fates))
     names = fit_labels([f.principal for f in rows])
@@ -75,11 +75,11 @@ def fates_figure(fates: list[PidFates]) -> Figure:
             )
     ax.set_xlabel("distinct producer IDs over the period (each PID counted once)")
     ax.set_ylabel("principal")
-    ax.set_title("Producer IDs per principal, by what became of them")
+    ax.set_title("Producer IDs per principal, by what became of them", pad=26)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if fates:
         ax.set_xlim(0, max(f.pids for f in fates) * 1.35 or 1)
-        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
+        ax.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3)
     fig.tight_layout()
     return fig
 
