@@ -736,7 +736,7 @@ def run_activity(
     # A small log makes small aggregates: one shuffle partition instead of the session's few
     # saves a task per partition in each of the job's dozen stages (restored afterwards).
     small = all(is_local_uri(p) for p in files.paths) and local_bytes(files.paths) <= DRIVER_BYTES
-    partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    partitions = spark.conf.get("spark.sql.shuffle.partitions") or "200"
     if small:
         spark.conf.set("spark.sql.shuffle.partitions", "1")
     try:
