@@ -417,7 +417,8 @@ def event_facts(
         table = pa.concat_tables(
             [facts_of_lines(read_split(*split), since_ms, until_ms) for split in file_splits(paths)]
         )
-        raw = spark.createDataFrame(table.to_pandas(), _FACT_DDL)
+        # Straight from Arrow: no pandas float detour for null-holding int64 columns (PIDs).
+        raw = spark.createDataFrame(table.cast(FACT_SCHEMA).combine_chunks())
     elif local:
         splits = file_splits(paths)
         source = spark.createDataFrame(splits, "path string, start bigint, length bigint")
