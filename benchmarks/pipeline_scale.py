@@ -2,7 +2,8 @@
 
 ``activity``: generate (once, cached) an event log of >= 10M events with
 :mod:`pidgate.pipeline.generate`, then run the activity job over it on ``local[*]`` and print the
-wall time, events/s and input MB/s (uncompressed JSON bytes read).
+wall time, events/s and input MB/s (uncompressed JSON bytes read), and how busy the machine
+was (the load average before and after: other work shares it).
 
     .venv/bin/python benchmarks/pipeline_scale.py activity --events 10000000 --dir /tmp/scale
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -45,6 +47,7 @@ def bench_activity(events: int, workdir: Path, seed: int, master: str) -> dict[s
     input_bytes = _dir_bytes(log_dir) - marker.stat().st_size
     mb = input_bytes / 1e6
 
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
     spark = spark_session(master, app_name="pidgate-bench-activity")
     session_s = time.perf_counter() - start
@@ -61,11 +64,15 @@ def bench_activity(events: int, workdir: Path, seed: int, master: str) -> dict[s
         "activity_s": job_s,
         "events_per_s": generated["events"] / job_s,
         "mb_per_s": mb / job_s,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
     }
     print(
         f"activity over {generated['events']:,} events ({mb:,.0f} MB JSON) on {master}: "
         f"{job_s:.1f} s = {result['events_per_s']:,.0f} events/s, {result['mb_per_s']:.1f} MB/s "
-        f"(session start {session_s:.1f} s, not included); report {report}"
+        f"(session start {session_s:.1f} s, not included); report {report}\n"
+        f"machine load (1-min load average, {os.cpu_count()} cores): {load_before:.1f} before, "
+        f"{result['load_after']:.1f} after"
     )
     return result
 

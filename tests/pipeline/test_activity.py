@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import gzip
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from pidgate.pipeline.activity import hourly_activity, rate_rule, recommend_rates, top_offenders
-from pidgate.pipeline.events import EVENT_SCHEMA
+from pidgate.pipeline.activity import (
+    hourly_activity,
+    hourly_from_facts,
+    hourly_with_clients,
+    rate_rule,
+    recommend_rates,
+    top_offenders,
+)
+from pidgate.pipeline.eventfacts import event_facts, file_splits, read_split
+from pidgate.pipeline.events import EVENT_SCHEMA, read_events_marked
+from pidgate.pipeline.generate import GeneratorConfig, generate_events
 
 H0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 HOUR = 3_600_000
@@ -124,3 +135,82 @@ def test_top_offenders_and_recommendations(spark: SparkSession) -> None:
     assert "p99" in rate_rule() and "1.5" in rate_rule()
     with pytest.raises(ValueError):
         recommend_rates(hourly, percentile=2.0)
+
+
+# -- the job's fast path (eventfacts) against the reference transform ----------------------
+
+ODD_LINES = [
+    "",  # blank: skipped, as Spark skips it
+    "   ",
+    '{"ts_ms": 1767225600500, "event": "admitted_new", "principal": "User:odd", "client_id": 7}',
+    '{"ts_ms": 1767225600.5, "event": "admitted_new", "principal": "User:odd"}',  # float ts: bad
+    "[1, 2, 3]",  # not an object: bad
+    '{"event": "admitted_new", "principal": "User:odd"}',  # no ts_ms: bad
+    '{"ts_ms": "1767225600000", "event": "rejected", "principal": "User:odd"}',  # string ts: bad
+    '{"ts_ms": 1767225600000, "event": "admitted_new", "principal": "User:odd", "x": {"y": 1}}',
+    '{"ts_ms": 1767225600000, "event": "admitted_new", "principal": "trunc',  # truncated: bad
+]
+
+
+def write_odd_log(directory: Path) -> None:
+    generate_events(directory, GeneratorConfig(events=6000, seed=3, bad_line_every=700))
+    (directory / "odd.jsonl").write_text("\n".join(ODD_LINES) + "\n")
+    observed = Path(__file__).parent / "data" / "observe_events.jsonl"
+    with gzip.open(directory / "observed.jsonl.gz", "wt") as out:
+        out.write(observed.read_text())
+
+
+def reference_hourly(spark: SparkSession, paths: list[str]) -> DataFrame:
+    marked = read_events_marked(spark, paths)
+    return hourly_with_clients(marked, keep_bad=True).select(*FACT_COLUMNS)
+
+
+FACT_COLUMNS = (
+    "bad",
+    "principal",
+    "hour",
+    "new_pids",
+    "rejected_pids",
+    "rejected_requests",
+    "demanded_pids",
+    "init_producer_ids",
+    "throttle_ms_max",
+    "would_reject_pids",
+    "would_reject_requests",
+    "refused_pids",
+    "clients",
+    "events",
+    "first_ts_ms",
+    "last_ts_ms",
+)
+
+
+@pytest.mark.parametrize(
+    ("local", "driver_bytes"),
+    [(True, 1 << 30), (True, 0), (False, 0)],
+    ids=["driver-reads-files", "python-workers-read-files", "spark-text"],
+)
+def test_the_fast_path_counts_what_the_reference_counts(
+    spark: SparkSession, tmp_path: Path, local: bool, driver_bytes: int
+) -> None:
+    """Generated events with bad lines, odd lines (blank, wrong types, not an object, a number
+    in a string field) and a gzip file of observe-mode events: the facts give exactly the
+    hourly rows, bad-line count included, of Spark's JSON reader and countDistinct."""
+    write_odd_log(tmp_path / "ev")
+    paths = sorted(str(p) for p in (tmp_path / "ev").iterdir())
+    facts = event_facts(spark, paths, local=local, driver_bytes=driver_bytes)
+    fast = hourly_from_facts(facts).select(*FACT_COLUMNS)
+    reference = reference_hourly(spark, paths)
+    assertDataFrameEqual(fast.filter("not bad"), reference.filter("not bad"))
+    [fast_bad] = fast.filter("bad").collect()
+    [reference_bad] = reference.filter("bad").collect()
+    assert fast_bad["events"] == reference_bad["events"] == 8 + 5  # 6000 / 700 + 5 odd ones
+
+
+def test_a_small_split_size_changes_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    """Files cut into many byte ranges (lines across the cuts) count the same as whole."""
+    write_odd_log(tmp_path / "ev")
+    paths = sorted(str(p) for p in (tmp_path / "ev").iterdir())
+    whole = b"".join(read_split(p, 0, -1) for p in paths)
+    pieces = b"".join(read_split(*split) for split in file_splits(paths, split_bytes=997))
+    assert sorted(whole.splitlines()) == sorted(pieces.splitlines())

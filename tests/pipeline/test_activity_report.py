@@ -4,7 +4,9 @@ every series, an x-range that is the period, and storms told apart from steady d
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from pidgate.pipeline.activity import (
     build_activity_report,
     hourly_with_clients,
     recommend_with_storms,
+    run_activity,
 )
 from pidgate.pipeline.generate import GeneratorConfig, generate_events
 from pidgate.pipeline.timebuckets import choose_bucket
@@ -45,10 +48,14 @@ def axes_of(report: ActivityReport, title_start: str) -> Axes:
 
 
 def check_timeline(report: ActivityReport) -> Axes:
-    ax = axes_of(report, "New producer IDs per")
-    assert ax.get_xlabel() == "time (UTC)"
+    ax = axes_of(report, "New producer IDs and rejections per")
+    assert ax.get_xlabel().startswith(("time (UTC", "date (UTC)"))
     assert ax.get_ylabel().startswith("new producer IDs per ")
-    lines = ax.get_lines()
+    # One tick format on the whole axis: all times, or all dates (never a mix).
+    ax.figure.canvas.draw()  # type: ignore[attr-defined]
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks and len({len(t) for t in ticks}) == 1, ticks
+    lines = new_pid_lines(ax)
     assert lines, "no series"
     for line in lines:
         assert line.get_marker() not in (None, "", "None")  # a sparse series stays visible
@@ -62,9 +69,13 @@ def check_timeline(report: ActivityReport) -> Axes:
     return ax
 
 
+def new_pid_lines(ax: Axes) -> list[Any]:
+    return [line for line in ax.get_lines() if str(line.get_label()).endswith(": new PIDs")]
+
+
 def check_offenders(report: ActivityReport) -> None:
     ax = axes_of(report, "Top ")
-    assert ax.get_xlabel() == "producer IDs over the period"
+    assert ax.get_xlabel().startswith("distinct producer IDs over the period")
     assert ax.get_ylabel() == "principal"
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels and all(len(label) <= 28 for label in labels)
@@ -80,8 +91,8 @@ def test_a_short_real_run_is_charted_per_second(spark: SparkSession) -> None:
     report = build(spark, RECORDED)
     assert report.bucket_s == 1  # an 8.5 s run
     ax = check_timeline(report)
-    assert ax.get_ylabel() == "new producer IDs per second"
-    assert sum(sum(line.get_ydata()) for line in ax.get_lines()) == 6  # six producers
+    assert ax.get_ylabel().startswith("new producer IDs per second")
+    assert sum(sum(line.get_ydata()) for line in new_pid_lines(ax)) == 6  # six producers
     check_offenders(report)
     summary = report.sections[0].text
     assert "(8 s)" in summary
@@ -103,7 +114,7 @@ def test_sparse_days_are_charted_per_hour(spark: SparkSession, tmp_path: Path) -
     report = build(spark, tmp_path / "ev")
     assert (report.bucket_s, report.first_ms, report.last_ms) == (3600, H0, H0 + 114 * HOUR)
     ax = check_timeline(report)
-    assert ax.get_ylabel() == "new producer IDs per hour"
+    assert ax.get_ylabel().startswith("new producer IDs per hour")
     [line] = ax.get_lines()
     assert list(line.get_ydata()).count(1) == 20 and len(line.get_ydata()) == 115
     assert "(4.8 days)" in report.sections[0].text
@@ -176,3 +187,108 @@ def test_bad_percentiles_are_refused(spark: SparkSession, percentile: float) -> 
     hourly = hourly_with_clients(events_df(spark, storm_log()))
     with pytest.raises(ValueError):
         recommend_with_storms(hourly, percentile=percentile)
+
+
+# -- the numbers of a real demo log and of observe mode, against the log itself ------------
+
+DEMO = Path(__file__).parent / "data" / "demo_events.jsonl"
+OBSERVED = Path(__file__).parent / "data" / "observe_events.jsonl"
+DEMO_WINDOW_S = 10  # the demo's quota: 5 new PIDs per 10 s window
+DEMO_RATE = 5
+
+
+def log_fates(path: Path) -> dict[str, int]:
+    """Each distinct PID of the log by fate, and the rejected requests, counted in Python."""
+    first_new: dict[int, int] = {}
+    first_rejected: dict[int, int] = {}
+    requests = set()
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        pid, ts = event["producer_id"], event["ts_ms"]
+        if event["event"] == "admitted_new":
+            first_new[pid] = min(ts, first_new.get(pid, ts))
+        elif event["event"] == "rejected":
+            first_rejected[pid] = min(ts, first_rejected.get(pid, ts))
+            requests.add((event["instance"], event["request_id"]))
+    waited = {p for p, t in first_new.items() if first_rejected.get(p, t) < t}
+    return {
+        "pids": len(first_new.keys() | first_rejected.keys()),
+        "admitted_at_once": len(first_new) - len(waited),
+        "admitted_after_rejection": len(waited),
+        "never_admitted": len(first_rejected.keys() - first_new.keys()),
+        "rejected_requests": len(requests),
+    }
+
+
+def report_text(path: Path) -> str:
+    document = path.read_text(encoding="utf-8").replace("<wbr>", "")
+    return html.unescape(re.sub(r"<[^>]+>", " ", document))
+
+
+def test_the_demo_report_adds_up_to_its_event_log(spark: SparkSession, tmp_path: Path) -> None:
+    """A recorded ``pidgate demo`` log (a steady producer, then a storm of 20 producers each
+    with its own client.id): each PID counted once by fate, the fates adding up to the distinct
+    PIDs of the log, the storm classed as a storm, and a rate per the demo's 10 s window that
+    is neither the storm's demand nor looser than the quota that held it."""
+    expected = log_fates(DEMO)
+    report = run_activity(spark, str(DEMO), str(tmp_path / "out"), window_s=DEMO_WINDOW_S)
+    [row] = spark.read.parquet(str(tmp_path / "out" / "top_offenders.parquet")).collect()
+    fates = {name: row[name] for name in expected if name != "pids"}
+    assert fates == {k: v for k, v in expected.items() if k != "pids"}
+    assert sum(v for k, v in fates.items() if k != "rejected_requests") == expected["pids"] == 21
+    assert expected["admitted_after_rejection"] > 0  # the old bar counted these twice
+
+    [rate] = spark.read.parquet(str(tmp_path / "out" / "recommendations.parquet")).collect()
+    assert rate.storm and rate.window_s == DEMO_WINDOW_S
+    assert rate.recommended_per_hour < expected["pids"]  # not the storm's own demand
+    assert 1 <= rate.recommended_producer_ids_rate <= DEMO_RATE
+
+    text = report_text(report)
+    assert "Restart storms: 1 principal(s): User:ANONYMOUS" in text
+    assert "baseline PIDs per hour" in text and "before the x 1.5 headroom" in text
+    assert f"recommended producer_ids_rate (per {DEMO_WINDOW_S} s window)" in text
+    assert f"producer.id.quota.window.size.seconds: {DEMO_WINDOW_S}" in text
+    assert "Quota changes are not written to the event log" in text
+    assert "What enforcement would have done" not in text  # no observe mode in this log
+
+
+def test_the_charts_show_the_rejections(spark: SparkSession) -> None:
+    report = build(spark, DEMO)
+    requests = log_fates(DEMO)["rejected_requests"]
+    bars = axes_of(report, "Top ")
+    assert [t.get_text().strip() for t in bars.texts] == [f"{requests} rejected requests"]
+    ax = axes_of(report, "New producer IDs and rejections per")
+    dashed = [
+        line for line in ax.get_lines() if str(line.get_label()).endswith("rejected requests")
+    ]
+    assert [sum(line.get_ydata()) for line in dashed] == [requests]
+
+
+def test_observe_mode_reports_what_enforcement_would_have_done(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Hand-written observe-mode log (the proxy's would_reject contract): 14 producers of
+    User:observed with their own client.id, 10 would have been rejected (two requests each, two
+    partitions each), 8 of those admitted later, 2 never; User:calm untouched."""
+    report = run_activity(spark, str(OBSERVED), str(tmp_path / "out"))
+    hourly = {
+        r.principal: r
+        for r in spark.read.parquet(str(tmp_path / "out" / "hourly.parquet")).collect()
+    }
+    observed, calm = hourly["User:observed"], hourly["User:calm"]
+    assert (observed.would_reject_requests, observed.would_reject_pids) == (20, 10)
+    assert (observed.new_pids, observed.demanded_pids, observed.rejected_requests) == (12, 14, 0)
+    assert (calm.would_reject_requests, calm.would_reject_pids) == (0, 0)
+    rates = {
+        r.principal: r
+        for r in spark.read.parquet(str(tmp_path / "out" / "recommendations.parquet")).collect()
+    }
+    assert rates["User:observed"].storm and not rates["User:calm"].storm  # would_reject counts
+
+    text = report_text(report)
+    assert "What enforcement would have done (observe mode)" in text
+    assert "Observe mode, would have been rejected: 10 PIDs in 20 requests" in text
+    assert (
+        "User:observed: 10 PIDs would have been rejected at least once; 8 of them were "
+        "admitted later (would have waited), 2 never got a token in the period"
+    ) in text

@@ -2,12 +2,16 @@
 
 Pure transforms (DataFrame -> DataFrame), then a thin entry point:
 
-* :func:`hourly_activity`: per principal and UTC hour, exact distinct new PIDs
-  (``countDistinct`` over ``admitted_new``), rejected PIDs and requests, InitProducerId answers,
-  and the hour's *demand*: distinct PIDs that asked to be new, admitted or not.
+* :func:`hourly_with_clients` / :func:`hourly_activity`: per principal and UTC hour, exact
+  distinct new PIDs, rejected PIDs and requests, observe mode's would-be rejections,
+  InitProducerId answers, and the hour's *demand*: distinct PIDs that asked to be new. The job
+  computes the same numbers faster from :mod:`pidgate.pipeline.eventfacts`
+  (:func:`hourly_from_facts`); these two are the reference, on parsed events.
+* :func:`pid_fates`: each distinct PID once, by what became of it (admitted at once, after
+  waiting, never).
 * :func:`top_offenders`: principals ranked by new PIDs over the whole period.
-* :func:`recommend_rates`: a ``producer_ids_rate`` per principal by the rule in
-  :func:`rate_rule` (printed in the report).
+* :func:`recommend_with_storms`: a ``producer_ids_rate`` per principal and quota window, with
+  restart storms told apart (:func:`storm_rule`); :func:`recommend_rates` is the plain rule.
 
 The event log only holds PIDs that were new or rejected: a principal with no quota at all is not
 tracked by the proxy, so its PIDs are logged only when it has a quota (set a generous default
@@ -17,40 +21,53 @@ quota to observe before enforcing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
-from matplotlib.figure import Figure
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pidgate.pipeline.events import (
-    ACTIVITY_COLUMNS,
-    ADMITTED_NEW,
-    BAD,
-    INIT_PRODUCER_ID,
-    REJECTED,
-    hour_of,
-    read_events_marked,
+from pidgate.pipeline.activity_charts import (
+    PidFates,
+    display_rates,
+    duration,
+    fates_figure,
+    rate_columns_text,
+    storm_reasons,
+    timeline_figure,
+    utc,
+    window_name,
+    yaml_snippet,
 )
+from pidgate.pipeline.eventfacts import (
+    CLIENT,
+    DRIVER_BYTES,
+    PID,
+    REJECTED_REQUEST,
+    WOULD_REJECT,
+    WOULD_REQUEST,
+    event_facts,
+    local_bytes,
+)
+from pidgate.pipeline.events import ADMITTED_NEW, BAD, INIT_PRODUCER_ID, REJECTED, hour_of
 from pidgate.pipeline.inputs import EventFiles, InputError, event_files
 from pidgate.pipeline.progress import Progress, stage
-from pidgate.pipeline.report import Section, time_axis, write_report
+from pidgate.pipeline.report import Section, is_local_uri, write_report
 from pidgate.pipeline.timebuckets import choose_bucket
 
 __all__ = [
     "ActivityReport",
     "build_activity_report",
     "hourly_activity",
+    "hourly_from_facts",
     "hourly_with_clients",
-    "offenders_figure",
+    "pid_fates",
     "rate_rule",
+    "read_facts",
     "recommend_rates",
     "recommend_with_storms",
     "run_activity",
     "storm_rule",
-    "timeline_figure",
     "top_offenders",
 ]
 
@@ -67,11 +84,9 @@ def hourly_with_clients(events: DataFrame, keep_bad: bool = False) -> DataFrame:
     pid = F.col("producer_id")
     is_new = event == ADMITTED_NEW
     is_rejected = event == REJECTED
-    request = F.when(
-        is_rejected,
-        F.concat_ws("#", F.coalesce(F.col("instance"), F.lit("")), F.col("request_id")),
-    )
-    wanted = event.isin(ADMITTED_NEW, REJECTED, INIT_PRODUCER_ID)
+    is_would = event == WOULD_REJECT
+    request_key = F.concat_ws("#", F.coalesce(F.col("instance"), F.lit("")), F.col("request_id"))
+    wanted = event.isin(ADMITTED_NEW, REJECTED, INIT_PRODUCER_ID, WOULD_REJECT)
     keys = ["principal", "hour"]
     if keep_bad:
         wanted, keys = wanted | F.col(BAD), [BAD, *keys]
@@ -82,10 +97,13 @@ def hourly_with_clients(events: DataFrame, keep_bad: bool = False) -> DataFrame:
         .agg(
             F.countDistinct(F.when(is_new, pid)).alias("new_pids"),
             F.countDistinct(F.when(is_rejected, pid)).alias("rejected_pids"),
-            F.countDistinct(request).alias("rejected_requests"),
-            F.countDistinct(F.when(is_new | is_rejected, pid)).alias("demanded_pids"),
+            F.countDistinct(F.when(is_rejected, request_key)).alias("rejected_requests"),
+            F.countDistinct(F.when(is_new | is_rejected | is_would, pid)).alias("demanded_pids"),
             F.count(F.when(event == INIT_PRODUCER_ID, True)).alias("init_producer_ids"),
             F.max(F.when(is_rejected, F.col("throttle_ms"))).alias("throttle_ms_max"),
+            F.countDistinct(F.when(is_would, pid)).alias("would_reject_pids"),
+            F.countDistinct(F.when(is_would, request_key)).alias("would_reject_requests"),
+            F.countDistinct(F.when(is_rejected | is_would, pid)).alias("refused_pids"),
             F.countDistinct(F.coalesce(F.col("client_id"), F.lit(""))).alias("clients"),
             F.count(F.lit(1)).alias("events"),
             F.min("ts_ms").alias("first_ts_ms"),
@@ -104,6 +122,70 @@ _HOURLY_COLUMNS = (
     "init_producer_ids",
     "throttle_ms_max",
 )
+#: What ``hourly.parquet`` holds: the above plus observe mode's would-be rejections.
+_HOURLY_PARQUET = (*_HOURLY_COLUMNS, "would_reject_pids", "would_reject_requests")
+
+
+def hourly_from_facts(facts: DataFrame) -> DataFrame:
+    """:func:`hourly_with_clients` (``keep_bad``) from
+    :func:`~pidgate.pipeline.eventfacts.event_facts`: the same columns and values, counted from
+    facts that are already distinct per key."""
+    kind = F.col("kind")
+    pid = kind == PID
+
+    def count(condition: Column) -> Column:
+        return F.count(F.when(condition, True))
+
+    is_new, is_rejected, is_would = F.col("is_new"), F.col("is_rejected"), F.col("is_would")
+    return (
+        facts.groupBy(BAD, "principal", "hour_s")
+        .agg(
+            count(pid & is_new).alias("new_pids"),
+            count(pid & is_rejected).alias("rejected_pids"),
+            count(kind == REJECTED_REQUEST).alias("rejected_requests"),
+            count(pid & (is_new | is_rejected | is_would)).alias("demanded_pids"),
+            F.coalesce(F.sum("init_producer_ids"), F.lit(0)).alias("init_producer_ids"),
+            F.max("throttle_ms_max").alias("throttle_ms_max"),
+            count(pid & is_would).alias("would_reject_pids"),
+            count(kind == WOULD_REQUEST).alias("would_reject_requests"),
+            count(pid & (is_rejected | is_would)).alias("refused_pids"),
+            count(kind == CLIENT).alias("clients"),
+            F.coalesce(F.sum("events"), F.lit(0)).alias("events"),
+            F.min("first_ms").alias("first_ts_ms"),
+            F.max("last_ms").alias("last_ts_ms"),
+        )
+        .withColumn("hour", F.timestamp_seconds(F.col("hour_s")))
+        .drop("hour_s")
+    )
+
+
+def pid_fates(facts: DataFrame) -> DataFrame:
+    """Per principal, each distinct PID of the period counted once: ``admitted_at_once``
+    (admitted as new, never rejected before), ``admitted_after_rejection``,
+    ``never_admitted`` (only rejected), and for observe mode ``would_reject_pids``,
+    ``would_wait_pids`` (would-be rejected, admitted later) and ``would_never_pids``."""
+    per_pid = (
+        facts.filter(F.col("kind") == PID)
+        .groupBy("principal", "pid")
+        .agg(
+            F.min("first_new_ms").alias("n"),
+            F.min("first_rejected_ms").alias("r"),
+            F.min("first_would_ms").alias("w"),
+        )
+    )
+    n, r, w = F.col("n"), F.col("r"), F.col("w")
+
+    def count(condition: Column) -> Column:
+        return F.count(F.when(condition, True))
+
+    return per_pid.groupBy("principal").agg(
+        count(n.isNotNull() & (r.isNull() | (r >= n))).alias("admitted_at_once"),
+        count(n.isNotNull() & (r < n)).alias("admitted_after_rejection"),
+        count(n.isNull() & r.isNotNull()).alias("never_admitted"),
+        count(w.isNotNull()).alias("would_reject_pids"),
+        count(w.isNotNull() & (n > w)).alias("would_wait_pids"),
+        count(w.isNotNull() & n.isNull()).alias("would_never_pids"),
+    )
 
 
 def hourly_activity(events: DataFrame) -> DataFrame:
@@ -137,11 +219,10 @@ def rate_rule(percentile: float = 0.99, headroom: float = 1.5) -> str:
     """The recommendation rule in words, as printed in the report."""
     return (
         f"recommended producer_ids_rate = max(1, ceil(p{percentile * 100:g} of hourly demand "
-        f"x {headroom:g})), where hourly demand is the number of distinct PIDs that asked to be "
-        f"new in one UTC hour (admitted as new or rejected), the percentile is exact (linear "
-        f"interpolation) over the hours in which the principal had any event, and the rate is "
-        f"per 1-hour quota window (producer.id.quota.window.size.seconds = 3600, the default; "
-        f"scale it for other windows)."
+        f"x {headroom:g})) per hour, scaled to the quota window (see Columns), where hourly "
+        f"demand is the number of distinct PIDs that asked to be "
+        f"new in one UTC hour (admitted as new or rejected), and the percentile is exact "
+        f"(linear interpolation) over the hours in which the principal had any event."
     )
 
 
@@ -180,8 +261,9 @@ def recommend_rates(
 STORM_MIN_DEMAND = 10
 #: ... and each of its clients asked for at least this many PIDs on average (restarts), ...
 STORM_PIDS_PER_CLIENT = 3.0
-#: ... or at least this share of the PIDs that asked was rejected.
-STORM_REJECTED_SHARE = 0.5
+#: ... or at least this share of the PIDs that asked was refused (rejected, or would have been
+#: in observe mode): more PIDs wanted than the quota gives, whatever the client ids.
+STORM_REFUSED_SHARE = 0.25
 
 
 def storm_rule(percentile: float = 0.99, headroom: float = 1.5) -> str:
@@ -190,56 +272,63 @@ def storm_rule(percentile: float = 0.99, headroom: float = 1.5) -> str:
         f"An hour is a restart-storm hour for a principal when at least {STORM_MIN_DEMAND} PIDs "
         f"asked to be new and either each of its clients (client.id) asked for "
         f"{STORM_PIDS_PER_CLIENT:g} or more on average (producers restarting, or one producer "
-        f"per batch: short-lived PIDs), or {STORM_REJECTED_SHARE:.0%} or more of them were "
-        f"rejected. For a principal with storm hours the quota comes from its healthy "
-        f"baseline, not from the storm: p{percentile * 100:g} of the demand of its other hours "
-        f"x {headroom:g}, or, when every hour stormed, the smaller of p{percentile * 100:g} of "
-        f"its clients per hour x {headroom:g} (one new PID per producer per hour) and "
-        f"p{percentile * 100:g} of the new PIDs it was admitted per hour (what the current "
-        f"quota let through: a storm never loosens its quota)."
+        f"per batch: short-lived PIDs), or {STORM_REFUSED_SHARE:.0%} or more of them were "
+        f"rejected (or would have been, in observe mode) at least once: more PIDs asked than "
+        f"the quota gives, which is what a storm of short-lived producers looks like even when "
+        f"each has its own client.id. For a principal with storm hours the quota comes from "
+        f"its healthy baseline, not from the storm: p{percentile * 100:g} of the demand of its "
+        f"other hours x {headroom:g}, or, when every hour stormed, the smaller of "
+        f"p{percentile * 100:g} of its clients per hour x {headroom:g} (one new PID per "
+        f"producer per hour) and p{percentile * 100:g} of its PIDs per hour that were admitted "
+        f"without being refused (what the current quota let through at once, not the storm "
+        f"that waited for tokens: a storm never loosens its quota)."
     )
 
 
 def recommend_with_storms(
-    hourly: DataFrame, percentile: float = 0.99, headroom: float = 1.5
+    hourly: DataFrame, percentile: float = 0.99, headroom: float = 1.5, window_s: int = 3600
 ) -> DataFrame:
     """:func:`recommend_rates` with restart storms told apart (:func:`storm_rule`), from
-    :func:`hourly_with_clients` (which has ``clients``). Per
-    principal: ``storm`` (any storm hour), ``storm_hours``, ``peak_pids_per_client``,
-    ``rejected_share``, ``baseline_hourly_demand``, ``recommended_producer_ids_rate`` and
-    ``reason`` (one sentence). Storms first, then by recommendation, then name."""
+    :func:`hourly_with_clients` (which has ``clients``). Per principal: ``storm`` (any storm
+    hour), ``storm_hours``, ``peak_pids_per_client``, ``rejected_share`` (of the PIDs that
+    asked, those refused), ``baseline_hourly_demand``, ``recommended_per_hour``, ``window_s``,
+    ``recommended_producer_ids_rate`` (per ``window_s`` window: the per-hour figure scaled,
+    at least 1) and ``reason`` (one sentence). Storms first, then by recommendation, name."""
     if not 0.0 <= percentile <= 1.0:
         raise ValueError(f"percentile must be in [0, 1], got {percentile}")
     if headroom <= 0:
         raise ValueError(f"headroom must be > 0, got {headroom}")
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
     demand = F.col("demanded_pids")
+    refused = F.col("refused_pids") if "refused_pids" in hourly.columns else F.col("rejected_pids")
     per_client = demand / F.greatest(F.col("clients"), F.lit(1))
-    rejected_share = F.when(demand > 0, F.col("rejected_pids") / demand).otherwise(0.0)
+    refused_share = F.when(demand > 0, refused / demand).otherwise(0.0)
     stormy = (demand >= STORM_MIN_DEMAND) & (
-        (per_client >= STORM_PIDS_PER_CLIENT) | (rejected_share >= STORM_REJECTED_SHARE)
+        (per_client >= STORM_PIDS_PER_CLIENT) | (refused_share >= STORM_REFUSED_SHARE)
     )
     hours = (
-        hourly.withColumn("clients", F.greatest(F.col("clients"), F.lit(1)))
+        hourly.withColumn("refused", refused)
+        .withColumn("clients", F.greatest(F.col("clients"), F.lit(1)))
         .withColumn("per_client", per_client)
         .withColumn("stormy", stormy)
     )
     p_all = F.percentile(demand.cast("double"), F.lit(percentile))
     p_healthy = F.percentile(F.when(~F.col("stormy"), demand.cast("double")), F.lit(percentile))
     p_clients = F.percentile(F.col("clients").cast("double"), F.lit(percentile))
-    p_admitted = F.percentile(F.col("new_pids").cast("double"), F.lit(percentile))
+    # PIDs admitted and never refused in the hour (demand = new | refused): what the quota let
+    # through at once, not the storm that waited for tokens.
+    p_admitted = F.percentile((demand - F.col("refused")).cast("double"), F.lit(percentile))
     agg = hours.groupBy("principal").agg(
         F.count(F.lit(1)).alias("active_hours"),
         F.max(demand).alias("peak_hourly_demand"),
         p_all.alias("percentile_hourly_demand"),
         F.count(F.when(F.col("stormy"), True)).alias("storm_hours"),
         F.round(F.max("per_client"), 1).alias("peak_pids_per_client"),
-        F.round(F.sum("rejected_pids") / F.greatest(F.sum(demand), F.lit(1)), 3).alias(
-            "rejected_share"
-        ),
+        F.round(F.sum("refused") / F.greatest(F.sum(demand), F.lit(1)), 3).alias("rejected_share"),
         p_healthy.alias("healthy"),
         p_clients.alias("clients_p"),
         p_admitted.alias("admitted_p"),
-        F.max("clients").alias("peak_clients"),
     )
     storm = F.col("storm_hours") > 0
     # Every hour stormed: per client, or what the quota admitted, whichever is smaller (the
@@ -250,9 +339,12 @@ def recommend_with_storms(
         .when(F.col("healthy").isNotNull(), F.col("healthy"))
         .otherwise(all_storm)
     )
-    # Rounded first, so that admitted / headroom x headroom stays a whole number.
-    scaled = F.round(baseline * F.lit(headroom), 6)
-    rate = F.greatest(F.lit(1).cast("long"), F.ceil(scaled).cast("long"))
+
+    def rate(scale: float) -> Column:
+        # Rounded first, so that admitted / headroom x headroom stays a whole number.
+        scaled = F.round(baseline * F.lit(headroom * scale), 6)
+        return F.greatest(F.lit(1).cast("long"), F.ceil(scaled).cast("long"))
+
     p = f"p{percentile * 100:g}"
     reason = (
         F.when(
@@ -263,7 +355,7 @@ def recommend_with_storms(
             F.col("healthy").isNotNull(),
             F.format_string(
                 f"restart storm in %d of %d hours (peak %d PIDs/h, %.1f per client, %.0f%% "
-                f"rejected); from its healthy hours: {p} %.0f x {headroom:g}",
+                f"refused); from its healthy hours: {p} %.0f x {headroom:g}",
                 F.col("storm_hours"),
                 F.col("active_hours"),
                 F.col("peak_hourly_demand"),
@@ -275,8 +367,8 @@ def recommend_with_storms(
         .otherwise(
             F.format_string(
                 f"restart storm in every hour (peak %d PIDs/h, %.1f per client, %.0f%% "
-                f"rejected); the smaller of {p} %.0f clients/h x {headroom:g} and {p} %.0f "
-                f"PIDs/h admitted",
+                f"refused); the smaller of {p} %.0f clients/h x {headroom:g} and {p} %.0f "
+                f"PIDs/h admitted at first try",
                 F.col("peak_hourly_demand"),
                 F.col("peak_pids_per_client"),
                 F.col("rejected_share") * 100,
@@ -288,12 +380,16 @@ def recommend_with_storms(
     return (
         agg.withColumn("storm", storm)
         .withColumn("baseline_hourly_demand", baseline)
-        .withColumn("recommended_producer_ids_rate", rate)
+        .withColumn("recommended_producer_ids_rate", rate(window_s / 3600))
+        .withColumn("recommended_per_hour", rate(1.0))
+        .withColumn("window_s", F.lit(window_s).cast("long"))
         .withColumn("reason", reason)
         .select(
             "principal",
             "storm",
             "recommended_producer_ids_rate",
+            "window_s",
+            "recommended_per_hour",
             "active_hours",
             "storm_hours",
             "peak_hourly_demand",
@@ -303,135 +399,64 @@ def recommend_with_storms(
             "rejected_share",
             "reason",
         )
-        .orderBy(F.desc("storm"), F.desc("recommended_producer_ids_rate"), F.asc("principal"))
+        .orderBy(F.desc("storm"), F.desc("recommended_per_hour"), F.asc("principal"))
     )
 
 
-# -- time buckets and figures --------------------------------------------------------------
+# -- the report ------------------------------------------------------------------------------
 
 
-def bucketed_new_pids(events: DataFrame, bucket_s: int, principals: list[str]) -> DataFrame:
-    """Per principal of ``principals`` and ``bucket_s`` bucket (``bucket`` = epoch seconds of
-    its start): exact distinct new PIDs (for buckets shorter than an hour; longer ones are
-    summed from the hourly counts instead, without another pass)."""
-    bucket = (F.floor(F.col("ts_ms") / (1000 * bucket_s)) * bucket_s).cast("long")
+def bucketed_counts(facts: DataFrame, bucket_s: int, principals: list[str]) -> DataFrame:
+    """Per principal of ``principals``, ``kind`` (PID: new PIDs, at their first admission in
+    each hour; REJECTED_REQUEST: rejected requests, at their first event) and ``bucket``
+    (epoch seconds of its start): ``count``."""
+    first = F.coalesce(F.col("first_new_ms"), F.col("first_ms"))
+    bucket = (F.floor(first / (1000 * bucket_s)) * bucket_s).cast("long")
+    wanted = ((F.col("kind") == PID) & F.col("is_new")) | (F.col("kind") == REJECTED_REQUEST)
     return (
-        events.filter((F.col("event") == ADMITTED_NEW) & F.col("principal").isin(principals))
-        .select("principal", bucket.alias("bucket"), "producer_id")
-        .groupBy("principal", "bucket")
-        .agg(F.countDistinct("producer_id").alias("new_pids"))
+        facts.filter(wanted & F.col("principal").isin(principals))
+        .groupBy("principal", "kind", bucket.alias("bucket"))
+        .agg(F.count(F.lit(1)).alias("count"))
     )
 
 
-_DAY_S = 86_400
-
-
-def _fit_labels(names: list[str], width: int = 28) -> list[str]:
-    return [n if len(n) <= width else n[: width - 1] + "…" for n in names]
-
-
-def offenders_figure(offenders: list[tuple[str, int, int]]) -> Figure:
-    """Horizontal bars, most new PIDs on top: (principal, new PIDs, rejected PIDs)."""
-    fig = Figure(figsize=(10, max(2.5, 0.4 * len(offenders) + 1.2)))
-    ax = fig.add_subplot()
-    rows = list(reversed(offenders))
-    names = _fit_labels([name for name, _, _ in rows])
-    ax.barh(names, [v for _, v, _ in rows], color="#c0504d", label="new PIDs admitted")
-    ax.barh(
-        names,
-        [r for _, _, r in rows],
-        left=[v for _, v, _ in rows],
-        color="#f2b134",
-        label="PIDs rejected",
-    )
-    ax.set_xlabel("producer IDs over the period")
-    ax.set_ylabel("principal")
-    ax.set_title("Top principals by new producer IDs")
-    if offenders:
-        ax.legend(fontsize="small", loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def timeline_figure(
-    series: dict[str, dict[int, int]], bucket_s: int, bucket_name: str, start_s: int, end_s: int
-) -> Figure:
-    """New PIDs per bucket for each principal of ``series`` (bucket start s -> count), zeros
-    filled in, markers on every point, x from ``start_s`` to ``end_s`` (UTC)."""
-    fig = Figure(figsize=(10, 4.2))
-    ax = fig.add_subplot()
-    buckets = list(range(start_s, max(end_s, start_s + bucket_s), bucket_s))
-    for principal, points in series.items():
-        days = [b / _DAY_S for b in buckets]
-        ax.plot(
-            days,
-            [points.get(b, 0) for b in buckets],
-            marker="o",
-            markersize=3 if len(buckets) > 40 else 5,
-            linewidth=1.2,
-            label=_fit_labels([principal])[0],
+def _observe_section(hourly: DataFrame, fates_pd: pd.DataFrame, limit: int = 48) -> Section:
+    """What enforcement would have done, from observe mode's ``would_reject`` events."""
+    per_hour: pd.DataFrame = (
+        hourly.filter(F.col("would_reject_requests") > 0)
+        .select(
+            "principal",
+            F.date_format("hour", "yyyy-MM-dd HH:mm").alias("hour (UTC)"),
+            F.col("would_reject_requests").alias("would-be rejected requests"),
+            F.col("would_reject_pids").alias("distinct PIDs they carried"),
+            F.col("demanded_pids").alias("PIDs that asked to be new"),
         )
-    time_axis(ax, start_s, max(end_s, start_s + bucket_s), f"new producer IDs per {bucket_name}")
-    ax.set_title(f"New producer IDs per {bucket_name}, top principals")
-    if series:
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    return fig
-
-
-def _display_rates(rates: pd.DataFrame, percentile: float) -> pd.DataFrame:
-    """The recommendations as the report shows them: short headers that wrap, storm/steady in
-    words, one decimal, the reasons left to the text above (the Parquet keeps them)."""
-    p = f"p{percentile * 100:g}"
-    shown = pd.DataFrame(
-        {
-            "principal": rates["principal"],
-            "demand": rates["storm"].map({True: "restart storm", False: "steady"}),
-            "recommended producer_ids_rate": rates["recommended_producer_ids_rate"],
-            "baseline per hour": rates["baseline_hourly_demand"].astype(float).round(1),
-            f"{p} PIDs per hour": rates["percentile_hourly_demand"].astype(float).round(1),
-            "peak PIDs per hour": rates["peak_hourly_demand"],
-            "storm hours / hours": [
-                f"{s} / {a}"
-                for s, a in zip(rates["storm_hours"], rates["active_hours"], strict=True)
-            ],
-            "peak PIDs per client and hour": rates["peak_pids_per_client"],
-            "rejected": [f"{share:.0%}" for share in rates["rejected_share"].astype(float)],
-        }
+        .orderBy("hour (UTC)", "principal")
+        .limit(limit + 1)
+        .toPandas()
     )
-    return shown
-
-
-def _storm_reasons(rates: pd.DataFrame, limit: int = 20) -> str:
-    storms = rates[rates["storm"]] if len(rates) else rates
-    if not len(storms):
-        return "No restart storms: every recommendation follows the steady rule."
-    lines = [f"  {r.principal}: {r.reason}" for r in storms.head(limit).itertuples(index=False)]
-    if len(storms) > limit:
-        lines.append(f"  ... and {len(storms) - limit} more (recommendations.parquet)")
-    return "Why, per restart storm:\n" + "\n".join(lines)
-
-
-def _yaml_snippet(rates: list[tuple[str, int]]) -> str:
-    lines = ["quota:", "  users:"]
-    for principal, rate in rates:
-        name = principal.removeprefix("User:")
-        lines.append(f'    "{name}": {{producer_ids_rate: {rate}}}')
-    return "\n".join(lines)
-
-
-def _utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * _DAY_S:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / _DAY_S:.1f} days"
+    fates = fates_pd[fates_pd["would_reject_pids"] > 0]
+    lines = [
+        "In observe mode pidgate decides every Produce request as it would when enforcing, "
+        "but forwards all of them; where it would have rejected one it logs a would_reject "
+        "event per PID. Counted here like rejections (and so in the storm rule), they show "
+        "what enforcement with the same quota would have done. The table lists them per "
+        "principal and UTC hour; hourly.parquet has would_reject_requests and "
+        "would_reject_pids for every hour."
+    ]
+    for row in fates.itertuples(index=False):
+        lines.append(
+            f"  {row.principal}: {int(row.would_reject_pids):,} PIDs would have been rejected "
+            f"at least once; {int(row.would_wait_pids):,} of them were admitted later (would "
+            f"have waited), {int(row.would_never_pids):,} never got a token in the period"
+        )
+    if len(per_hour) > limit:
+        lines.append(f"(first {limit} hours shown; all of them in hourly.parquet)")
+    return Section(
+        "What enforcement would have done (observe mode)",
+        "\n".join(lines),
+        per_hour.head(limit),
+    )
 
 
 @dataclass
@@ -453,6 +478,21 @@ class ActivityReport:
             frame.unpersist()
 
 
+def read_facts(
+    spark: SparkSession,
+    files: EventFiles,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> DataFrame:
+    """:func:`~pidgate.pipeline.eventfacts.event_facts` of ``files``: local files are read by
+    the Python workers, other URIs through Spark's text reader."""
+    local = all(is_local_uri(p) for p in files.paths)
+    paths = [p.removeprefix("file://").removeprefix("file:") for p in files.paths]
+    if local:
+        paths = [str(Path(p)) for p in paths]
+    return event_facts(spark, paths, local=local, since_ms=since_ms, until_ms=until_ms)
+
+
 def build_activity_report(
     spark: SparkSession,
     events_path: str | EventFiles,
@@ -460,6 +500,7 @@ def build_activity_report(
     top_n: int = 20,
     percentile: float = 0.99,
     headroom: float = 1.5,
+    window_s: int = 3600,
     since_ms: int | None = None,
     until_ms: int | None = None,
     progress: Progress | None = None,
@@ -468,16 +509,11 @@ def build_activity_report(
     event is in the log (or the period). Call :meth:`ActivityReport.release` afterwards."""
     files = event_files(events_path) if isinstance(events_path, str) else events_path
     stage(progress, f"reading the event log {files.described} ...")
-    marked = read_events_marked(spark, files.paths, ACTIVITY_COLUMNS)
-    keep = F.lit(True)
-    if since_ms is not None:
-        keep = keep & (F.col("ts_ms") >= F.lit(since_ms))
-    if until_ms is not None:
-        keep = keep & (F.col("ts_ms") < F.lit(until_ms))
-    # One pass over the JSON: bad lines counted and good ones aggregated per principal and
-    # hour; everything but a sub-hour chart reads this small, cached aggregate.
-    hourly_all = hourly_with_clients(marked.filter(F.col(BAD) | keep), keep_bad=True).cache()
-    cached: list[DataFrame] = [hourly_all]
+    # One pass over the JSON (module eventfacts): bad lines counted, good ones boiled down to
+    # distinct facts per principal and hour; everything below reads the cached facts.
+    facts = read_facts(spark, files, since_ms, until_ms).cache()
+    hourly_all = hourly_from_facts(facts).cache()
+    cached: list[DataFrame] = [facts, hourly_all]
     try:
         counts = {
             bool(row[BAD]): row
@@ -486,53 +522,48 @@ def build_activity_report(
                 F.sum("events").alias("events"),
                 F.min("first_ts_ms").alias("first"),
                 F.max("last_ts_ms").alias("last"),
+                F.countDistinct("principal").alias("principals"),
+                F.sum("new_pids").alias("new_pids"),
+                F.sum("rejected_pids").alias("rejected_pids"),
+                F.sum("rejected_requests").alias("rejected_requests"),
+                F.sum("init_producer_ids").alias("init_producer_ids"),
+                F.sum("would_reject_pids").alias("would_reject_pids"),
+                F.sum("would_reject_requests").alias("would_reject_requests"),
             )
             .collect()
         }
         bad_lines = int(counts[True]["events"]) if True in counts else 0
-        span = counts.get(False)
-        total = int(span["events"]) if span is not None else 0
-        if span is None or total == 0:
+        totals = counts.get(False)
+        total = int(totals["events"]) if totals is not None else 0
+        if totals is None or total == 0:
             period = " in the period given" if since_ms or until_ms else ""
             raise InputError(
                 f"--events {files.described}: no events{period} "
                 f"({bad_lines} bad lines skipped); nothing to report"
             )
-        first_ms, last_ms = int(span["first"]), int(span["last"])
+        first_ms, last_ms = int(totals["first"]), int(totals["last"])
         stage(progress, f"{total:,} events read; ranking principals ...")
         hourly_clients = hourly_all.filter(~F.col(BAD)).drop(BAD)
-        hourly = hourly_clients.select(*_HOURLY_COLUMNS)
-        offenders = top_offenders(hourly, top_n)
+        hourly = hourly_clients.select(*_HOURLY_PARQUET)
+        fates = pid_fates(facts)
+        offenders = (
+            top_offenders(hourly, top_n)
+            .join(fates, "principal", "left")
+            .orderBy(F.desc("new_pids"), F.asc("principal"))
+        )
         stage(progress, "telling restart storms from steady demand ...")
-        rates = recommend_with_storms(hourly_clients, percentile, headroom)
-        totals = hourly.agg(
-            F.countDistinct("principal").alias("principals"),
-            F.sum("new_pids").alias("new_pids"),
-            F.sum("rejected_pids").alias("rejected_pids"),
-            F.sum("rejected_requests").alias("rejected_requests"),
-            F.sum("init_producer_ids").alias("init_producer_ids"),
-        ).collect()[0]
+        rates = recommend_with_storms(hourly_clients, percentile, headroom, window_s)
         offenders_pd: pd.DataFrame = offenders.toPandas()
         rates_pd: pd.DataFrame = rates.toPandas()
 
         bucket_s, bucket_name = choose_bucket(first_ms, last_ms)
         stage(progress, f"charting new PIDs per {bucket_name} ...")
         top5 = [str(p) for p in offenders_pd["principal"].head(5)]
-        series: dict[str, dict[int, int]] = {p: {} for p in top5}
-        if bucket_s < 3600:
-            # Sub-hour buckets need the events again (only admitted_new of the top principals).
-            good = marked.filter(~F.col(BAD) & keep)
-            rows = bucketed_new_pids(good, bucket_s, top5).collect()
-        else:
-            bucket = (F.floor(F.col("hour").cast("long") / bucket_s) * bucket_s).cast("long")
-            rows = (
-                hourly.filter(F.col("principal").isin(top5))
-                .groupBy("principal", bucket.alias("bucket"))
-                .agg(F.sum("new_pids").alias("new_pids"))
-                .collect()
-            )
-        for row in rows:
-            series[row["principal"]][int(row["bucket"])] = int(row["new_pids"])
+        new_series: dict[str, dict[int, int]] = {p: {} for p in top5}
+        rejected_series: dict[str, dict[int, int]] = {p: {} for p in top5}
+        for row in bucketed_counts(facts, bucket_s, top5).collect():
+            series = new_series if row["kind"] == PID else rejected_series
+            series[row["principal"]][int(row["bucket"])] = int(row["count"])
         start_s = first_ms // 1000 // bucket_s * bucket_s
         end_s = (last_ms // 1000 // bucket_s + 1) * bucket_s
 
@@ -544,12 +575,13 @@ def build_activity_report(
         )
         if files.renamed:
             source += f" ({files.renamed} with ':' in the name, read through safe-named links)"
-        duration = _duration((last_ms - first_ms) / 1000)
+        span = duration((last_ms - first_ms) / 1000)
         storm_names = ", ".join(str(p) for p in storms["principal"].head(10))
+        would_requests = int(totals["would_reject_requests"] or 0)
         summary = (
             f"Event log: {source}\n"
             f"Bad lines skipped: {bad_lines}\n"
-            f"Period: {_utc(first_ms)} .. {_utc(last_ms)} ({duration})"
+            f"Period: {utc(first_ms)} .. {utc(last_ms)} ({span})"
             + (
                 "; limited to --since/--until"
                 if since_ms is not None or until_ms is not None
@@ -561,9 +593,12 @@ def build_activity_report(
             f"New producer IDs (sum of hourly exact distinct counts): {totals['new_pids'] or 0:,}\n"
             f"Rejected PIDs: {totals['rejected_pids'] or 0:,} in "
             f"{totals['rejected_requests'] or 0:,} rejected Produce requests\n"
+            f"Observe mode, would have been rejected: {totals['would_reject_pids'] or 0:,} PIDs "
+            f"in {would_requests:,} requests\n"
             f"InitProducerId answers: {totals['init_producer_ids'] or 0:,}\n"
             f"Restart storms: {len(storms)} principal(s)"
             + (f": {storm_names}" if storm_names else "")
+            + f"\nQuota window the recommendations are for: {window_s} s"
             + "\n\nOnly PIDs the proxy tracked appear in the log: principals without any quota "
             "are not tracked, so give them a generous default quota to observe them."
         )
@@ -571,36 +606,53 @@ def build_activity_report(
             (str(r.principal), int(r.recommended_producer_ids_rate))
             for r in rates_pd.itertuples(index=False)
         ]
-        offender_table = offenders_pd.rename(columns={"active_hours": "hours_active"})
+        fates_list = [
+            PidFates(
+                str(r.principal),
+                int(r.admitted_at_once),
+                int(r.admitted_after_rejection),
+                int(r.never_admitted),
+                int(r.rejected_requests),
+            )
+            for r in offenders_pd.fillna(0).itertuples(index=False)
+        ]
+        offender_table = pd.DataFrame(
+            {
+                "principal": offenders_pd["principal"],
+                "distinct PIDs": [f.pids for f in fates_list],
+                "admitted at first try": offenders_pd["admitted_at_once"],
+                "admitted after waiting": offenders_pd["admitted_after_rejection"],
+                "never admitted": offenders_pd["never_admitted"],
+                "rejected requests": offenders_pd["rejected_requests"],
+                "new_pids (sum of hourly)": offenders_pd["new_pids"],
+                "peak new PIDs in an hour": offenders_pd["peak_hourly_new_pids"],
+                "InitProducerId answers": offenders_pd["init_producer_ids"],
+                "hours active": offenders_pd["active_hours"],
+            }
+        )
         sections = [
             Section("Summary", summary),
             Section(
                 f"Top {top_n} principals by new producer IDs",
-                "new_pids sums the exact hourly distinct counts; ordered by new_pids.",
+                "Each distinct PID of the period is counted once, by what became of it: "
+                "admitted at its first try, admitted after one or more rejections (it waited "
+                "for a token), or never admitted. The three add up to the distinct PIDs that "
+                "asked to be new. Rejected requests are a count of Produce requests, not of "
+                "PIDs (a waiting producer retries), so they are written beside the bars, not "
+                "stacked on them. new_pids sums the exact hourly distinct counts (a PID new "
+                "in two hours counts twice); ordered by it.",
                 offender_table,
-                offenders_figure(
-                    [
-                        (str(p), int(v), int(r))
-                        for p, v, r in zip(
-                            offenders_pd["principal"],
-                            offenders_pd["new_pids"],
-                            offenders_pd["rejected_pids"],
-                            strict=True,
-                        )
-                    ]
-                ),
+                fates_figure(fates_list),
             ),
             Section(
-                f"New producer IDs per {bucket_name}",
-                (
-                    f"Exact distinct new PIDs per {bucket_name}"
-                    if bucket_s <= 3600
-                    else f"New PIDs per {bucket_name} (the sum of its hours' exact distinct counts)"
-                )
-                + f" ({bucket_s} s buckets, chosen from the period), the top {len(top5)} "
-                f"principal(s) by new PIDs; buckets without events are 0.",
+                f"New producer IDs and rejections per {bucket_name}",
+                f"Solid: new PIDs per {bucket_name}, each PID at its first admission in the "
+                f"hour; dashed: rejected Produce requests per {bucket_name} ({bucket_s} s "
+                f"buckets, chosen from the period), for the top {len(top5)} principal(s) by "
+                "new PIDs; buckets without events are 0. Quota changes are not written to the "
+                "event log, so the chart cannot show them.",
                 None,
-                timeline_figure(series, bucket_s, bucket_name, start_s, end_s),
+                timeline_figure(new_series, rejected_series, bucket_s, bucket_name, start_s, end_s),
             ),
             Section(
                 "Recommended producer_ids_rate per principal",
@@ -609,24 +661,34 @@ def build_activity_report(
                 + "\n\nStorms: "
                 + storm_rule(percentile, headroom)
                 + "\n\n"
-                + _storm_reasons(rates_pd)
+                + rate_columns_text(percentile, headroom, window_s)
+                + "\n\n"
+                + storm_reasons(rates_pd)
                 + "\n\nAs pidgate config:\n"
-                + _yaml_snippet(recommended),
-                _display_rates(rates_pd, percentile),
+                + yaml_snippet(recommended, window_s),
+                display_rates(rates_pd, percentile, window_s),
             ),
         ]
+        if would_requests:
+            sections.append(_observe_section(hourly, offenders_pd_all(fates)))
         lines = [
             f"{total:,} events ({bad_lines} bad lines skipped), {totals['principals']} "
-            f"principals, {_utc(first_ms)} .. {_utc(last_ms)}",
+            f"principals, {utc(first_ms)} .. {utc(last_ms)}",
             f"new PIDs: {totals['new_pids'] or 0:,}; rejected Produce requests: "
             f"{totals['rejected_requests'] or 0:,}",
         ]
+        if would_requests:
+            lines.append(
+                f"observe mode: {would_requests:,} requests ({totals['would_reject_pids']:,} "
+                "PIDs) would have been rejected"
+            )
         for row in offenders_pd.head(3).itertuples(index=False):
             lines.append(f"  top: {row.principal}: {int(row.new_pids):,} new PIDs")
+        window = window_name(window_s)
         for row in storms.head(5).itertuples(index=False):
             lines.append(
                 f"  restart storm: {row.principal}: recommended producer_ids_rate "
-                f"{int(row.recommended_producer_ids_rate)} ({row.reason})"
+                f"{int(row.recommended_producer_ids_rate)} per {window} window ({row.reason})"
             )
         return ActivityReport(
             sections=sections,
@@ -644,6 +706,14 @@ def build_activity_report(
         raise
 
 
+def offenders_pd_all(fates: DataFrame) -> pd.DataFrame:
+    """The observe-mode counts of :func:`pid_fates` for principals with would-be rejections."""
+    result: pd.DataFrame = (
+        fates.filter(F.col("would_reject_pids") > 0).orderBy(F.desc("would_reject_pids")).toPandas()
+    )
+    return result
+
+
 def run_activity(
     spark: SparkSession,
     events_path: str | EventFiles,
@@ -652,6 +722,7 @@ def run_activity(
     top_n: int = 20,
     percentile: float = 0.99,
     headroom: float = 1.5,
+    window_s: int = 3600,
     since_ms: int | None = None,
     until_ms: int | None = None,
     progress: Progress | None = None,
@@ -659,22 +730,34 @@ def run_activity(
     """Read the event log at ``events_path`` (a path, or files from
     :func:`pidgate.pipeline.inputs.event_files`), write ``hourly``, ``top_offenders`` and
     ``recommendations`` Parquet plus ``report.html`` under ``output``; return the HTML path.
-    Raises :class:`InputError` when there are no events."""
-    report = build_activity_report(
-        spark,
-        events_path,
-        top_n=top_n,
-        percentile=percentile,
-        headroom=headroom,
-        since_ms=since_ms,
-        until_ms=until_ms,
-        progress=progress,
-    )
+    ``window_s`` is the quota window the recommendations are for. Raises
+    :class:`InputError` when there are no events."""
+    files = event_files(events_path) if isinstance(events_path, str) else events_path
+    # A small log makes small aggregates: one shuffle partition instead of the session's few
+    # saves a task per partition in each of the job's dozen stages (restored afterwards).
+    small = all(is_local_uri(p) for p in files.paths) and local_bytes(files.paths) <= DRIVER_BYTES
+    partitions = spark.conf.get("spark.sql.shuffle.partitions") or "200"
+    if small:
+        spark.conf.set("spark.sql.shuffle.partitions", "1")
     try:
-        stage(progress, f"writing Parquet and report.html to {output} ...")
-        path = write_report(output, "pidgate activity report", report.sections, report.frames)
-        if progress is not None:
-            progress.summarize(*report.summary)
-        return path
+        report = build_activity_report(
+            spark,
+            files,
+            top_n=top_n,
+            percentile=percentile,
+            headroom=headroom,
+            window_s=window_s,
+            since_ms=since_ms,
+            until_ms=until_ms,
+            progress=progress,
+        )
+        try:
+            stage(progress, f"writing Parquet and report.html to {output} ...")
+            path = write_report(output, "pidgate activity report", report.sections, report.frames)
+            if progress is not None:
+                progress.summarize(*report.summary)
+            return path
+        finally:
+            report.release()
     finally:
-        report.release()
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)

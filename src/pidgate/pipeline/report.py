@@ -65,20 +65,40 @@ class Section:
     figure: Figure | None = None
 
 
+def _tick_format(span_s: float) -> str:
+    """One tick format for the whole axis: times for a day or less, dates and times for two
+    weeks or less, dates beyond (no mixing of dates and times on one axis)."""
+    if span_s <= 600:
+        return "%H:%M:%S"
+    if span_s <= 86_400:
+        return "%H:%M"
+    if span_s <= 14 * 86_400:
+        return "%m-%d %H:%M"
+    return "%Y-%m-%d"
+
+
 def time_axis(ax: Any, start_s: int, end_s: int, ylabel: str) -> None:
-    """An x axis from ``start_s`` to ``end_s`` (epoch seconds, UTC) with concise date ticks, a
-    labelled y axis of whole counts from 0: what every time-series chart of the reports uses."""
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+    """An x axis from ``start_s`` to ``end_s`` (epoch seconds, UTC) whose ticks all have one
+    format (:func:`_tick_format`; the date goes into the axis label when the ticks show only
+    times), and a labelled y axis of whole counts from 0: what every time-series chart of the
+    reports uses."""
+    from matplotlib.dates import AutoDateLocator, DateFormatter
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlim(start_s / 86_400, end_s / 86_400)
     ax.xaxis_date(UTC)
-    locator = AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(
-        ConciseDateFormatter(locator, tz=UTC)  # type: ignore[no-untyped-call]
-    )
-    ax.set_xlabel("time (UTC)")
+    ax.xaxis.set_major_locator(AutoDateLocator(tz=UTC, minticks=3, maxticks=9))  # type: ignore[no-untyped-call]
+    fmt = _tick_format(end_s - start_s)
+    ax.xaxis.set_major_formatter(DateFormatter(fmt, tz=UTC))  # type: ignore[no-untyped-call]
+    first_day = datetime.fromtimestamp(start_s, UTC).strftime("%Y-%m-%d")
+    last_day = datetime.fromtimestamp(max(start_s, end_s - 1), UTC).strftime("%Y-%m-%d")
+    if fmt.startswith("%H"):
+        day = first_day if first_day == last_day else f"{first_day} .. {last_day}"
+        ax.set_xlabel(f"time (UTC) on {day}")
+    elif fmt.startswith("%m"):
+        ax.set_xlabel(f"time (UTC, month-day hour:minute), {first_day[:4]}")
+    else:
+        ax.set_xlabel("date (UTC)")
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
