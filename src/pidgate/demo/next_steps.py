@@ -19,6 +19,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from pidgate.demo.plan import WINDOW_SECONDS
+
 #: What ``pidgate analyze`` needs beyond the proxy (the ``analyze`` extra).
 ANALYZE_MODULES = ("pyspark", "pandas", "pyarrow", "matplotlib")
 #: ``pidgate test-broker``'s port unless ``--port`` says otherwise.
@@ -85,7 +87,7 @@ def demo_next_steps(
     hand against a test broker. Each command is shown as it runs in the user's shell."""
     analyze = (
         f"{pidgate} analyze activity --events {shlex.quote(str(event_dir))} "
-        f"--output {shlex.quote(str(report_dir))}"
+        f"--output {shlex.quote(str(report_dir))} --window-seconds {WINDOW_SECONDS}"
     )
     lines = [
         "",

@@ -124,6 +124,14 @@ def add_analyze_parser(subparsers: Any) -> None:
     activity.add_argument(
         "--events", required=True, metavar="PATH", help="event log file, directory or glob"
     )
+    activity.add_argument(
+        "--window-seconds",
+        type=int,
+        default=3600,
+        metavar="N",
+        help="the quota window (quota.producer.id.quota.window.size.seconds) the recommended "
+        "producer_ids_rate is for; default 3600",
+    )
     _period(activity)
     _common(activity)
 
@@ -225,6 +233,8 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     prepared: dict[str, Any] = {}
     if job in ("activity", "backtest"):
         prepared["period"] = check_period(args.since, args.until)
+        if job == "activity" and args.window_seconds <= 0:
+            raise InputError(f"--window-seconds {args.window_seconds}: must be a positive number")
         if job == "backtest":
             from pidgate.config import ConfigError
             from pidgate.pipeline.backtest import load_policy
@@ -349,6 +359,9 @@ def _check_written(spark: Any, args: argparse.Namespace, report: Any) -> None:
 
 
 def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) -> int:
+    if "pyspark" not in sys.modules:
+        # Importing PySpark and starting its JVM take seconds: say so before, not after.
+        progress.stage(f"pidgate analyze {args.job}: loading PySpark ...")
     from pyspark.sql import SparkSession
 
     from pidgate.pipeline.inputs import check_remote_exists
@@ -370,6 +383,7 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
                 _output(args),
                 since_ms=since_ms,
                 until_ms=until_ms,
+                window_s=args.window_seconds,
                 progress=progress,
             )
         elif job == "backtest":
