@@ -67,7 +67,8 @@ def test_the_demos_next_steps_use_that_name_and_real_paths(tmp_path: Path) -> No
     events, report = tmp_path / "events", tmp_path / "pidgate-demo-report"
     lines = demo_next_steps(".venv/bin/pidgate", events, report)
     text = "\n".join(lines)
-    assert f"       .venv/bin/pidgate analyze activity --events {events} --output {report} --window-seconds 10" in lines
+    analyze = f".venv/bin/pidgate analyze activity --events {events} --output {report}"
+    assert f"       {analyze} --window-seconds 10" in lines
     assert f"in a browser: file://{report}/report.html" in text
     assert "       .venv/bin/pidgate test-broker" in lines
     assert "install" not in text
