@@ -60,6 +60,10 @@ def test_missing_events_path_is_one_line_without_starting_spark(tmp_path: Path) 
         ),
         (["activity", "--events", "{tmp}/log", "--since", "yesterday"], "not a date or time"),
         (
+            ["activity", "--events", "{tmp}/log", "--window-seconds", "0"],
+            "--window-seconds 0: must be a positive number",
+        ),
+        (
             ["activity", "--events", "{tmp}/log", "--output", "{tmp}/log/e.jsonl"],
             "exists and is not a directory",
         ),
