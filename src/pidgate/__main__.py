@@ -1,7 +1,5 @@
 """``python -m pidgate`` is the ``pidgate`` command."""
 
-import sys
+from pidgate.cli import console_main
 
-from pidgate.cli import main
-
-sys.exit(main())
+console_main()

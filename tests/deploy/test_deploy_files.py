@@ -194,7 +194,7 @@ def test_dockerfile_shape() -> None:
 
 def test_entrypoint_is_pidgates_console_script() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert project["scripts"]["pidgate"] == "pidgate.cli:main"
+    assert project["scripts"]["pidgate"] == "pidgate.cli:console_main"
 
 
 def test_healthcheck_command_is_valid_python() -> None:
