@@ -222,12 +222,13 @@ def test_the_demos_next_steps_run_as_printed_in_a_plain_shell(
     )
     assert quotas.returncode == 0, quotas.stderr
     assert (
-        quotas.stdout == "Quota configs for user-principal 'ANONYMOUS' are producer_ids_rate=5.0\n"
+        quotas.stdout == "Quota configs for user-principal 'ANONYMOUS' are producer_ids_rate=5\n"
     )
     # pidgate counted the producer: one new PID for User:ANONYMOUS, nothing rejected.
     metrics = http_get(admin, "/metrics")[1]
-    assert 'pidgate_producer_ids_new_total{user="ANONYMOUS"} 1.0' in metrics
-    assert 'pidgate_produce_requests_rejected_total{user="ANONYMOUS"} 0.0' in metrics
+    labels = '{principal="User:ANONYMOUS",user="ANONYMOUS"}'
+    assert f"pidgate_producer_ids_new_total{labels} 1.0" in metrics
+    assert f"pidgate_produce_requests_rejected_total{labels} 0.0" in metrics
 
     # Stopped as a user stops them: SIGTERM to pidgate, Ctrl-C to the test broker.
     serve.send_signal(signal.SIGTERM)
