@@ -221,9 +221,7 @@ def test_the_demos_next_steps_run_as_printed_in_a_plain_shell(
         check=False,
     )
     assert quotas.returncode == 0, quotas.stderr
-    assert (
-        quotas.stdout == "Quota configs for user-principal 'ANONYMOUS' are producer_ids_rate=5\n"
-    )
+    assert quotas.stdout == "Quota configs for user-principal 'ANONYMOUS' are producer_ids_rate=5\n"
     # pidgate counted the producer: one new PID for User:ANONYMOUS, nothing rejected.
     metrics = http_get(admin, "/metrics")[1]
     labels = '{principal="User:ANONYMOUS",user="ANONYMOUS"}'
