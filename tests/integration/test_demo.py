@@ -170,7 +170,10 @@ def test_demo_event_log_goes_where_asked_and_the_next_steps_say_how_to_analyse_i
     report_dir = tmp_path / "pidgate-demo-report"
     steps = output.split("Next steps", 1)[1]
     assert re.search(
-        rf"^ {{7}}\S+ analyze activity --events {events} --output {report_dir}$", steps, re.M
+        rf"^ {{7}}\S+ analyze activity --events {events} --output {report_dir} "
+        r"--window-seconds 10$",
+        steps,
+        re.M,
     ), steps
     assert f"in a browser: file://{report_dir}/report.html" in steps
     assert re.search(r"^ {7}\S+ test-broker$", steps, re.M), steps
