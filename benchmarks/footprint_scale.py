@@ -1,9 +1,10 @@
 """Scale run of the footprint job (not run by the tests).
 
 Generates >= 1 GB of Kafka segments (RecordBatch v2, valid CRC-32C, idempotent and
-transactional producers) with :func:`pidgate.pipeline.logdirs.generate_log_dirs` in a temporary
+transactional producers) with :func:`pidgate.pipeline.reading.logdirs.generate_log_dirs` in a
+temporary
 directory (or ``--dir``), starts a session on ``--master`` (default ``local[2]``; its start is
-timed apart and NOT included), then runs :func:`pidgate.pipeline.footprint.run_footprint` over
+timed apart and NOT included), then runs :func:`pidgate.pipeline.jobs.footprint.run_footprint` over
 the segments ``--runs`` times and prints, per run, the wall time, MB/s end to end (every batch's
 CRC is verified, so every byte is read) and the number of Spark jobs. The first run pays the
 JVM's and the Python workers' warm-up; later runs show the warm cost. Then the parse alone on
@@ -46,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated data")
     args = parser.parse_args(argv)
 
-    from pidgate.pipeline.footprint import run_footprint, scan, segment_tasks, small_rows
-    from pidgate.pipeline.footprint_scan import parse_segment
-    from pidgate.pipeline.logdirs import generate_log_dirs
-    from pidgate.pipeline.spark import spark_session, stop_session
+    from pidgate.pipeline.jobs.footprint import run_footprint, scan, segment_tasks, small_rows
+    from pidgate.pipeline.jobs.footprint_scan import parse_segment
+    from pidgate.pipeline.reading.logdirs import generate_log_dirs
+    from pidgate.pipeline.spark.session import spark_session, stop_session
 
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="pidgate-footprint-"))
     work.mkdir(parents=True, exist_ok=True)

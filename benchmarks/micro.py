@@ -241,7 +241,7 @@ def bench_quota(repeat: int) -> None:
 
 
 def bench_gatekeeper(repeat: int) -> None:
-    from pidgate.proxy.admission import Gatekeeper, ProduceContext
+    from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext
 
     manager, _ = _manager_with_layers(11)
     gate = Gatekeeper(manager)
@@ -307,8 +307,8 @@ def bench_proxy_path(repeat: int) -> None:
     metrics and counters observers, slot bookkeeping, forward) and its response back (frame cut,
     correlation check, metrics, Produce endpoint check, flush), with fake transports."""
     from pidgate.config import load_settings
-    from pidgate.proxy.connection import ClientConnection, UpstreamConnection
     from pidgate.proxy.server import ProxyServer
+    from pidgate.proxy.serving.connection import ClientConnection, UpstreamConnection
 
     settings = load_settings(
         cli_overrides={

@@ -1,9 +1,9 @@
 """``pidgate analyze activity`` on a standalone cluster against ``local[2]``, same machine, same
 input, one run each (not run by the tests).
 
-Generates (once, cached under ``--dir``) an event log with :mod:`pidgate.pipeline.generate`,
+Generates (once, cached under ``--dir``) an event log with :mod:`pidgate.pipeline.jobs.generate`,
 starts a Master and a 2-core Worker in a network namespace (the test harness,
-``tests/pipeline/spark_cluster.py``: needs root), and runs the CLI as a user would, first on
+``tests/pipeline/spark/spark_cluster.py``: needs root), and runs the CLI as a user would, first on
 ``local[2]``, then with ``--master spark://...``. Prints, for each, the wall time end to end and
 the job's own time (from the job's first stage line to "done", read from the progress lines:
 JVM start and, on the cluster, the executor check excluded), and the cluster/local ratios.
@@ -33,8 +33,8 @@ def _events(directory: Path, events: int) -> Path:
     log_dir = directory / f"events-{events}"
     if not (log_dir / "_GENERATED").exists():
         subprocess.run(
-            [sys.executable, "-m", "pidgate.pipeline.generate", "events", "--out", str(log_dir),
-             "--events", str(events), "--rotate-lines", "250000"],
+            [sys.executable, "-m", "pidgate.pipeline.jobs.generate", "events",
+             "--out", str(log_dir), "--events", str(events), "--rotate-lines", "250000"],
             check=True,
         )  # fmt: skip
         (log_dir / "_GENERATED").write_text(str(events))
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "pgbench")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from tests.pipeline.spark_cluster import standalone_cluster, unavailable
+    from tests.pipeline.spark.spark_cluster import standalone_cluster, unavailable
 
     reason = unavailable()
     if reason:

@@ -1,7 +1,8 @@
 """Scale runs of the analysis pipeline on this machine (not run by the tests).
 
 ``activity``: generate (once, cached) an event log of >= 10M events with
-:mod:`pidgate.pipeline.generate`, then run the activity job over it on ``local[*]`` and print the
+:mod:`pidgate.pipeline.jobs.generate`, then run the activity job over it on ``local[*]`` and print
+the
 wall time, events/s and input MB/s (uncompressed JSON bytes read), and how busy the machine
 was (the load average before and after: other work shares it).
 
@@ -26,9 +27,9 @@ def _dir_bytes(path: Path) -> int:
 
 
 def bench_activity(events: int, workdir: Path, seed: int, master: str) -> dict[str, float]:
-    from pidgate.pipeline.activity import run_activity
-    from pidgate.pipeline.generate import GeneratorConfig, generate_events
-    from pidgate.pipeline.spark import spark_session, stop_session
+    from pidgate.pipeline.jobs.activity import run_activity
+    from pidgate.pipeline.jobs.generate import GeneratorConfig, generate_events
+    from pidgate.pipeline.spark.session import spark_session, stop_session
 
     log_dir = workdir / f"events-{events}-{seed}"
     marker = log_dir / "_GENERATED.json"

@@ -291,7 +291,7 @@ def _add_quotas_parser(commands: Any) -> None:
 
 def run_quotas(args: argparse.Namespace) -> int:
     from pidgate.config.client_properties import ClientPropertiesError, read_client_properties
-    from pidgate.proxy.quota_client import QuotaClient, QuotaClientError, format_describe
+    from pidgate.proxy.operations.quota_client import QuotaClient, QuotaClientError, format_describe
 
     security: dict[str, Any] = {}
     if args.command_config is not None:

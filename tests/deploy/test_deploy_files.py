@@ -36,7 +36,8 @@ PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "pidgate.json"
 KUBERNETES = DEPLOY / "kubernetes"
 
-#: The metric names dashboards and alerts may rely on (the contract with proxy/metrics.py).
+#: The metric names dashboards and alerts may rely on (the contract with
+#: proxy/operations/metrics.py).
 CONTRACT_METRICS = frozenset(
     {
         "pidgate_producer_ids_rate",
@@ -811,8 +812,8 @@ def _exported_metric_names() -> set[str]:
     included (per-user families are empty until a user shows up)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pidgate.proxy.event_log import EventLogStats
-    from pidgate.proxy.metrics import ProxyMetrics
+    from pidgate.proxy.operations.event_log import EventLogStats
+    from pidgate.proxy.operations.metrics import ProxyMetrics
     from pidgate.quota.manager import QuotaManager
     from pidgate.quota.policy import QuotaPolicy
 
@@ -838,8 +839,10 @@ def _exported_metric_names() -> set[str]:
 
 
 def test_every_referenced_metric_is_exported_by_pidgate() -> None:
-    if importlib.util.find_spec("pidgate.proxy.metrics") is None:
-        pytest.skip("pidgate.proxy.metrics does not exist yet: nothing to check names against")
+    if importlib.util.find_spec("pidgate.proxy.operations.metrics") is None:
+        pytest.skip(
+            "pidgate.proxy.operations.metrics does not exist yet: nothing to check names against"
+        )
     exported = _exported_metric_names()
     missing = sorted(_referenced_metrics() - exported)
     assert not missing, f"queried by deploy/ but not exported: {missing}"

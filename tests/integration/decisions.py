@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import ProduceContext
+from pidgate.proxy.quota_control.admission import ProduceContext
 from pidgate.quota.manager import Decision, Rejected
 
 

@@ -47,7 +47,7 @@ from confluent_kafka import KafkaError, KafkaException
 from pidgate.config import Settings, load_settings
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
 from pidgate.proxy.background import BackgroundProxy
-from pidgate.proxy.connection import ClientConnection
+from pidgate.proxy.serving.connection import ClientConnection
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.figures import open_fd_count, record_figures, rss_bytes
 from tests.integration.helpers import (

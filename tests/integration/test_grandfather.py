@@ -26,7 +26,7 @@ import pytest
 
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
 from pidgate.proxy.background import BackgroundProxy
-from pidgate.proxy.pid_frontier import probe_frontier
+from pidgate.proxy.quota_control.pid_frontier import probe_frontier
 from tests.integration.conftest import proxy_settings
 from tests.integration.helpers import (
     REJECTED_DEFAULT,

@@ -1,4 +1,5 @@
-"""Holding a throttled Produce until its tokens come (issue "patience", proxy/waiting_room.py),
+"""Holding a throttled Produce until its tokens come (issue "patience",
+proxy/quota_control/waiting_room.py),
 over real sockets against tansu: released when the bucket refills or the quota is raised,
 answered with the honest remaining wait before the client's own request timeout, never
 forwarded once its client is gone, bounded, and nothing on its connection overtakes it."""

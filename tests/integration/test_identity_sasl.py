@@ -23,9 +23,9 @@ from kafka.protocol.sasl import SaslAuthenticateRequest
 
 from pidgate.config import LoggingSettings, Settings, load_settings
 from pidgate.demo.broker import free_port
-from pidgate.proxy.admission import quota_clock_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
+from pidgate.proxy.quota_control.admission import quota_clock_ms
 from tests.integration.decisions import Decisions
 from tests.integration.helpers import (
     ConnectionClosed,

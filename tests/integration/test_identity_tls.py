@@ -24,9 +24,9 @@ from kafka.protocol.metadata import ApiVersionsResponse
 
 from pidgate.config import LoggingSettings, Settings, load_settings
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
-from pidgate.proxy.admission import quota_clock_ms
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
+from pidgate.proxy.quota_control.admission import quota_clock_ms
 from tests.integration.broker_log import producer_ids_in_log
 from tests.integration.certs import Pki, make_pki, renew_server_cert, server_serial
 from tests.integration.decisions import Decisions

@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pidgate.demo.broker import EmbeddedBroker
-from pidgate.proxy.admission import quota_clock_ms
 from pidgate.proxy.background import BackgroundProxy
+from pidgate.proxy.quota_control.admission import quota_clock_ms
 from tests.integration.broker_log import fetch_batch_headers
 from tests.integration.conftest import anonymous_quota
 from tests.integration.helpers import (

@@ -14,8 +14,8 @@ import pytest
 from pidgate.config import load_settings
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
 from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import ProduceContext
 from pidgate.proxy.background import BackgroundProxy
+from pidgate.proxy.quota_control.admission import ProduceContext
 from pidgate.quota.manager import Decision
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.helpers import (

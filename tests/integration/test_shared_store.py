@@ -24,7 +24,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import InvalidConfigurationError
 
 from pidgate.demo.broker import EmbeddedBroker, free_port
-from pidgate.proxy.shared_store import (
+from pidgate.proxy.quota_control.shared_store import (
     DEFAULT_USER,
     QuotaOverride,
     SharedQuotaStore,

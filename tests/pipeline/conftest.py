@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from pidgate.pipeline.spark import spark_session, stop_session
+from pidgate.pipeline.spark.session import spark_session, stop_session
 
 
 @pytest.fixture(scope="session")

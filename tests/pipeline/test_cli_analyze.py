@@ -9,10 +9,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pidgate.pipeline.cli import add_analyze_parser, run_analyze
-from pidgate.pipeline.generate import GeneratorConfig, generate_events
+from pidgate.pipeline.jobs.generate import GeneratorConfig, generate_events
 
-from .test_backtest import QUOTA_YAML
-from .test_report import check_self_contained
+from .jobs.test_backtest import QUOTA_YAML
+from .outputs.test_report import check_self_contained
 
 
 def parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from pidgate import cli
 
-from .test_backtest import QUOTA_YAML
+from .jobs.test_backtest import QUOTA_YAML
 
 
 def fails(argv: list[str], capsys: pytest.CaptureFixture[str], spark_ran: bool = False) -> str:

@@ -20,8 +20,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import ProduceContext, rejection_error_code
 from pidgate.proxy.background import BackgroundProxy
+from pidgate.proxy.quota_control.admission import ProduceContext, rejection_error_code
 from pidgate.quota.manager import Admitted, Decision
 from tests.realkafka.gate import gate_settings
 from tests.realkafka.kafka import KafkaRun

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from pidgate.proxy.background import BackgroundProxy
-from pidgate.proxy.pid_frontier import FrontierResult, probe_frontier
+from pidgate.proxy.quota_control.pid_frontier import FrontierResult, probe_frontier
 from tests.integration.helpers import admin_address, create_topic, http_get, unique_name, wait_until
 from tests.integration.metrics_text import metric, parse_samples
 from tests.integration.test_grandfather import SteadyProducers, storm

@@ -571,7 +571,8 @@ class SharedStoreSettings(_Frozen):
 
 class FleetSettings(_Frozen):
     """Optional: instances sharing ``fleet.id`` share known PIDs and token spending through a
-    topic on the upstream cluster (README "Fleets"; proxy/fleet.py has the record format)."""
+    topic on the upstream cluster (README "Fleets"; proxy/quota_control/fleet.py has the record
+    format)."""
 
     id: str | None = Field(
         None,

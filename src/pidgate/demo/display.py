@@ -22,7 +22,7 @@ from pidgate.demo.plan import (
 )
 from pidgate.demo.producers import SteadyProducer, StormProducer
 from pidgate.demo.tracking import ProxyView
-from pidgate.proxy.identity import ANONYMOUS_PRINCIPAL
+from pidgate.proxy.serving.identity import ANONYMOUS_PRINCIPAL
 
 COLUMN_LINES = (
     f"{'':>6} | {'new PIDs':>8}  {'Produce':>8} {'PIDs':>7} | {'steady':>5}  {'':>6} | "

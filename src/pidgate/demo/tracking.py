@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from pidgate.demo.plan import PRODUCER_IDS_RATE
 from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import ProduceContext, Rejected, quota_clock_ms
 from pidgate.proxy.background import BackgroundProxy
-from pidgate.proxy.identity import ANONYMOUS_PRINCIPAL
+from pidgate.proxy.quota_control.admission import ProduceContext, Rejected, quota_clock_ms
+from pidgate.proxy.serving.identity import ANONYMOUS_PRINCIPAL
 from pidgate.quota.manager import Decision
 
 

@@ -11,15 +11,16 @@
 Paths may be local or any Hadoop filesystem URI; ``--output`` defaults to
 ``./pidgate-reports/<job>/``. ``--master`` defaults to ``local[*]`` (or the master spark-submit
 chose); every job also takes ``--conf KEY=VALUE`` (repeatable, wins), ``--driver-host``,
-``--executor-python`` and ``--no-ship`` for clusters (:mod:`pidgate.pipeline.spark`). On a
-cluster the executors are checked before the job (:mod:`pidgate.pipeline.executors`), and
+``--executor-python`` and ``--no-ship`` for clusters (:mod:`pidgate.pipeline.spark.session`). On a
+cluster the executors are checked before the job (:mod:`pidgate.pipeline.spark.executors`), and
 after it a local output without data files is an error (footprint itself refuses to report
 when it read no batch).
 Job modules are imported only when their job runs.
 
-Inputs are checked before Spark starts (:mod:`pidgate.pipeline.inputs`): a missing path, a bad
+Inputs are checked before Spark starts (:mod:`pidgate.pipeline.reading.inputs`): a missing path, a
+bad
 quota config or an empty period is one line on stderr and exit code 2. While Spark runs, stage
-lines and task progress go to stderr (:mod:`pidgate.pipeline.progress`); at the end a short
+lines and task progress go to stderr (:mod:`pidgate.pipeline.spark.progress`); at the end a short
 summary and the report's path go to stdout.
 """
 
@@ -180,7 +181,7 @@ def _output(args: argparse.Namespace) -> str:
 
 
 def _check_output(output: str) -> None:
-    from pidgate.pipeline.inputs import InputError, is_local_path
+    from pidgate.pipeline.reading.inputs import InputError, is_local_path
 
     if is_local_path(output):
         target = Path(output.removeprefix("file://").removeprefix("file:")).expanduser()
@@ -192,7 +193,7 @@ def _check_output(output: str) -> None:
 
 
 def _check_expiration(expiration_ms: int) -> None:
-    from pidgate.pipeline.inputs import InputError
+    from pidgate.pipeline.reading.inputs import InputError
 
     if expiration_ms <= 0:
         raise InputError(f"--expiration-ms {expiration_ms}: must be a positive number of ms")
@@ -200,8 +201,8 @@ def _check_expiration(expiration_ms: int) -> None:
 
 def _local_paths(args: argparse.Namespace, prepared: dict[str, Any]) -> list[Any]:
     """The local paths of this job, for the executors to prove they share them."""
-    from pidgate.pipeline.executors import LocalPath, sample_files
-    from pidgate.pipeline.inputs import InputError, is_local_path
+    from pidgate.pipeline.reading.inputs import InputError, is_local_path
+    from pidgate.pipeline.spark.executors import LocalPath, sample_files
 
     job: str = args.job
     checks = []
@@ -227,7 +228,12 @@ def _local_paths(args: argparse.Namespace, prepared: dict[str, Any]) -> list[Any
 
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything checkable without Spark, checked: raises InputError (one line)."""
-    from pidgate.pipeline.inputs import InputError, check_local_dirs, check_period, event_files
+    from pidgate.pipeline.reading.inputs import (
+        InputError,
+        check_local_dirs,
+        check_period,
+        event_files,
+    )
 
     job: str = args.job
     prepared: dict[str, Any] = {}
@@ -237,7 +243,7 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"--window-seconds {args.window_seconds}: must be a positive number")
         if job == "backtest":
             from pidgate.config import ConfigError
-            from pidgate.pipeline.backtest import load_policy
+            from pidgate.pipeline.jobs.backtest import load_policy
 
             config = Path(args.quota_config)
             if not config.is_file():
@@ -264,7 +270,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     """Run the job ``args.job`` with the parsed arguments; the process exit code: 0 done,
     2 bad input (one line on stderr, found before Spark starts where possible), 1 the job
     failed (its reason in one line; ``PIDGATE_DEBUG=1`` shows the traceback)."""
-    from pidgate.pipeline.inputs import InputError
+    from pidgate.pipeline.reading.inputs import InputError
 
     job: str = args.job
     prog = f"pidgate analyze {job}"
@@ -274,7 +280,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
 
-    from pidgate.pipeline.progress import Progress
+    from pidgate.pipeline.spark.progress import Progress
 
     progress = Progress()
     events = prepared.get("events")
@@ -289,7 +295,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     except Exception as error:
         if os.environ.get("PIDGATE_DEBUG"):
             raise
-        from pidgate.pipeline.errors import JobError, one_line
+        from pidgate.pipeline.spark.errors import JobError, one_line
 
         if isinstance(error, JobError):
             print(f"{prog}: {error}", file=sys.stderr)
@@ -309,8 +315,8 @@ def _start_spark(
     args: argparse.Namespace, prepared: dict[str, Any], progress: Any, owned: bool
 ) -> Any:
     """The session for this job; on a cluster, with its executors checked."""
-    from pidgate.pipeline.masters import is_local
-    from pidgate.pipeline.spark import ClusterOptions, effective_master, spark_session
+    from pidgate.pipeline.spark.masters import is_local
+    from pidgate.pipeline.spark.session import ClusterOptions, effective_master, spark_session
 
     options = ClusterOptions(
         conf=dict(args.conf),
@@ -325,13 +331,13 @@ def _start_spark(
     spark = spark_session(args.master, app_name=f"pidgate-{args.job}", options=options)
     progress.watch(spark)
     if owned and master and not is_local(master):
-        from pidgate.pipeline.executors import check_executors
+        from pidgate.pipeline.spark.executors import check_executors
 
         progress.stage("checking the executors (Python, packages, local paths) ...")
         try:
             hosts = check_executors(spark, master, prepared["local_paths"], shipped=args.ship)
         except BaseException:
-            from pidgate.pipeline.spark import stop_session
+            from pidgate.pipeline.spark.session import stop_session
 
             stop_session()
             raise
@@ -342,8 +348,8 @@ def _start_spark(
 def _check_written(spark: Any, args: argparse.Namespace, report: Any) -> None:
     """Raise JobError when a job's local output holds no data files (executors that wrote
     elsewhere)."""
-    from pidgate.pipeline.errors import JobError
-    from pidgate.pipeline.inputs import is_local_path
+    from pidgate.pipeline.reading.inputs import is_local_path
+    from pidgate.pipeline.spark.errors import JobError
 
     output = _output(args)
     if not is_local_path(output):
@@ -364,8 +370,8 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
         progress.stage(f"pidgate analyze {args.job}: loading PySpark ...")
     from pyspark.sql import SparkSession
 
-    from pidgate.pipeline.inputs import check_remote_exists
-    from pidgate.pipeline.spark import stop_session
+    from pidgate.pipeline.reading.inputs import check_remote_exists
+    from pidgate.pipeline.spark.session import stop_session
 
     job: str = args.job
     # A session that already exists (a notebook, a test) is used and left running.
@@ -373,7 +379,7 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
     spark = _start_spark(args, prepared, progress, owned)
     try:
         if job == "activity":
-            from pidgate.pipeline.activity import run_activity
+            from pidgate.pipeline.jobs.activity import run_activity
 
             check_remote_exists(spark, args.events, "--events")
             since_ms, until_ms = prepared["period"]
@@ -387,7 +393,7 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
                 progress=progress,
             )
         elif job == "backtest":
-            from pidgate.pipeline.backtest import run_backtest
+            from pidgate.pipeline.jobs.backtest import run_backtest
 
             check_remote_exists(spark, args.events, "--events")
             since_ms, until_ms = prepared["period"]
@@ -402,14 +408,14 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
                 progress=progress,
             )
         elif job == "footprint":
-            from pidgate.pipeline.footprint import run_footprint
+            from pidgate.pipeline.jobs.footprint import run_footprint
 
             for path in args.log_dirs:
                 check_remote_exists(spark, path, "--log-dirs")
             progress.stage(f"reading segments under {' '.join(args.log_dirs)} ...")
             report = run_footprint(spark, list(args.log_dirs), args.expiration_ms, _output(args))
         elif job == "snapshots":
-            from pidgate.pipeline.snapshots import run_snapshots
+            from pidgate.pipeline.jobs.snapshots import run_snapshots
 
             check_remote_exists(spark, args.log_dir, "--log-dir")
             progress.stage(f"replaying segments under {args.log_dir} ...")

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TypeVar
 
 from pidgate.config import Settings
-from pidgate.proxy.admission import DecisionObserver
+from pidgate.proxy.quota_control.admission import DecisionObserver
 from pidgate.proxy.runtime import new_event_loop
 from pidgate.proxy.server import ProxyServer
 

@@ -21,25 +21,28 @@ from pidgate.config import Settings
 from pidgate.protocol.api_versions import inspected_api_version_limits
 from pidgate.protocol.client_quotas import PRODUCER_IDS_RATE, QuotaChange
 from pidgate.protocol.produce import ProduceRequestSummary
-from pidgate.proxy.admission import (
+from pidgate.proxy.logs import RateLimitedLog, get_logger
+from pidgate.proxy.operations.event_log import EventLog
+from pidgate.proxy.operations.http import AdminHttpServer
+from pidgate.proxy.operations.metrics import DELIVERY_TIMEOUT_MS_DEFAULT, ProxyMetrics
+from pidgate.proxy.operations.stepping import LOOP_STEP_PRINCIPALS, run_in_steps
+from pidgate.proxy.quota_control.admission import (
     DecisionObserver,
     Gatekeeper,
     ProduceContext,
     monotonic_ms,
     quota_clock_ms,
 )
-from pidgate.proxy.connection import ClientConnection
-from pidgate.proxy.context import ProxyContext
-from pidgate.proxy.event_log import EventLog
-from pidgate.proxy.fleet import FleetCollector, FleetError, FleetOutbox, FleetRecord, FleetSync
-from pidgate.proxy.flow_control import ConnectionLimits
-from pidgate.proxy.http import AdminHttpServer
-from pidgate.proxy.identity import IdentityPolicy
-from pidgate.proxy.logs import RateLimitedLog, get_logger
-from pidgate.proxy.metrics import DELIVERY_TIMEOUT_MS_DEFAULT, ProxyMetrics
-from pidgate.proxy.pid_frontier import FrontierProber, FrontierResult
-from pidgate.proxy.quota_admin import QuotaAdmin, entity_key
-from pidgate.proxy.quota_control import (
+from pidgate.proxy.quota_control.fleet import (
+    FleetCollector,
+    FleetError,
+    FleetOutbox,
+    FleetRecord,
+    FleetSync,
+)
+from pidgate.proxy.quota_control.pid_frontier import FrontierProber, FrontierResult
+from pidgate.proxy.quota_control.quota_admin import QuotaAdmin, entity_key
+from pidgate.proxy.quota_control.quotas_in_force import (
     EncodedSave,
     encode_for_saving_in_steps,
     open_quota_control,
@@ -47,12 +50,15 @@ from pidgate.proxy.quota_control import (
     write_encoded,
     write_snapshot,
 )
-from pidgate.proxy.routing import Address, BrokerRoute, Router
-from pidgate.proxy.shared_store import QuotaOverride, SharedQuotaStore
-from pidgate.proxy.stepping import LOOP_STEP_PRINCIPALS, run_in_steps
-from pidgate.proxy.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
+from pidgate.proxy.quota_control.shared_store import QuotaOverride, SharedQuotaStore
+from pidgate.proxy.quota_control.waiting_room import WaitingRoom
+from pidgate.proxy.serving.connection import ClientConnection
+from pidgate.proxy.serving.context import ProxyContext
+from pidgate.proxy.serving.flow_control import ConnectionLimits
+from pidgate.proxy.serving.identity import IdentityPolicy
+from pidgate.proxy.serving.routing import Address, BrokerRoute, Router
+from pidgate.proxy.serving.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
 from pidgate.proxy.upstream_check import describe_error, unanswered_reason
-from pidgate.proxy.waiting_room import WaitingRoom
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import Admitted, Decision
 

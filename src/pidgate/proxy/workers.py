@@ -4,7 +4,7 @@ Why: per-request work is Python's, so one process is one core. Linux's SO_REUSEP
 client connections over every process that opened a listener with it; each worker is a full
 pidgate and a member of one fleet (``fleet.id``, default ``workers-<host>-<port>``), so PIDs
 and token spending are shared through the fleet topic exactly as between hosts
-(proxy/fleet.py), with the same consistency bound.
+(proxy/quota_control/fleet.py), with the same consistency bound.
 
 The supervisor (this module, in the parent process) starts the workers (``spawn``: nothing of
 the parent's event loop or sockets is inherited), gives each its own admin HTTP port on
@@ -39,8 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pidgate.config import Settings
 from pidgate.config.addresses import HostPort
-from pidgate.proxy.http import AdminHttpServer
 from pidgate.proxy.logs import configure_logging, get_logger
+from pidgate.proxy.operations.http import AdminHttpServer
 
 __all__ = ["run_workers", "worker_settings"]
 

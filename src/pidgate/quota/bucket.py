@@ -93,7 +93,8 @@ class TokenBucket:
         and it may go below empty (a debt, bounded by ``debt_limit_units``). When members spend
         the same last tokens at once, each then debits the others' too, and the debt is repaid
         by refill before anyone admits again: the fleet's long-run rate stays the quota, and
-        the overshoot is the tokens spent within one lag (proxy/fleet.py). Persisted as empty
+        the overshoot is the tokens spent within one lag (proxy/quota_control/fleet.py). Persisted
+        as empty
         (quota/persistence.py): a restart forgets at most that much debt."""
         current = self.refill(now_ms)
         level = max(-self.debt_limit_units, current.level - n * self.window_ms)

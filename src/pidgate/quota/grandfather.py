@@ -4,7 +4,7 @@ charged for it (DESIGN.md "When enforcement begins"; docs/grandfathering.md).
 Owns :class:`Enforcement` (when a principal's enforcement began, the PID frontier fixed at that
 moment, the grace period and the mode) and the rule :meth:`Enforcement.grandfathers`. The
 manager (:mod:`pidgate.quota.manager`) decides *which* enforcement applies to a principal;
-:mod:`pidgate.proxy.pid_frontier` learns the frontier from the cluster.
+:mod:`pidgate.proxy.quota_control.pid_frontier` learns the frontier from the cluster.
 
 Must not import: asyncio, socket, time, logging, structlog, prometheus_client, or any other
 pidgate package. Time is the ``now_ms`` parameter.

@@ -2,7 +2,8 @@
 overrides set at run time, so that a restart changes nothing a client can observe.
 
 Owns the state format and the rules for fitting saved state to the policy in force at load
-time. Pure: no file I/O, no clock, no logging (``pidgate.proxy.state_file`` writes the file
+time. Pure: no file I/O, no clock, no logging (``pidgate.proxy.quota_control.state_file`` writes
+the file
 atomically and logs). Times are absolute wall-clock milliseconds, so state saved by one process
 means the same in the next.
 

@@ -1,0 +1,5 @@
+"""Reading a job's inputs: input checks, the PID event log (Spark schema and the pyarrow facts
+reader), broker log directories, Kafka segments and producer snapshots.
+
+Imports only the pure packages; every other pipeline room may import it.
+"""

@@ -1,0 +1,162 @@
+"""The one place pipeline jobs get a SparkSession from.
+
+``local[*]`` by default (embedded Spark, nothing to set up); any cluster through ``master`` or
+spark-submit. Settings by kind of master:
+
+* local masters: loopback bind address (``SPARK_LOCAL_IP``), 4 shuffle partitions instead of
+  200 (DESIGN.md perf notes), and Python workers run this interpreter.
+* other masters (:class:`ClusterOptions`): the master is checked first
+  (:func:`pidgate.pipeline.spark.masters.check_master`); the driver advertises and binds an address
+  the workers can reach (``--driver-host``, default: the local address that routes to a
+  standalone master); executors run ``python3`` (or ``PYSPARK_PYTHON`` /
+  ``spark.pyspark.python`` / ``--executor-python``) with pidgate and its dependencies shipped
+  as an archive (:mod:`pidgate.pipeline.spark.shipping`) unless ``ship`` is off.
+* always: no UI, Arrow transfer, UTC session time zone; then the user's ``conf``, which wins
+  over everything above.
+
+Under spark-submit (or the pyspark shell) the launcher's choices are kept and none of the
+cluster settings are applied.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from pidgate.pipeline.spark.masters import check_master, driver_host_for, is_local
+
+__all__ = ["ClusterOptions", "effective_master", "spark_session", "stop_session"]
+
+_LOCAL_SHUFFLE_PARTITIONS = 4
+_SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How to reach and equip a cluster; every field has a working default."""
+
+    #: ``--conf key=value`` pairs; applied last, so they win over pidgate's own settings.
+    conf: Mapping[str, str] = field(default_factory=dict)
+    #: The address executors connect back to (``spark.driver.host``); None: derived.
+    driver_host: str | None = None
+    #: Ship pidgate and its dependencies to the executors (off: the workers have them).
+    ship: bool = True
+    #: The executors' Python; None: ``spark.pyspark.python``, ``PYSPARK_PYTHON`` or ``python3``.
+    executor_python: str | None = None
+
+
+def _launched() -> bool:
+    # Under spark-submit (or the pyspark shell) the launcher already chose the master.
+    return "PYSPARK_GATEWAY_PORT" in os.environ or "PYSPARK_SUBMIT_ARGS" in os.environ
+
+
+def effective_master(master: str | None, conf: Mapping[str, str] | None = None) -> str:
+    """The master a session will use: ``master``, a ``spark.master`` conf, ``local[*]``, or ""
+    when spark-submit chose it."""
+    chosen = master or (conf or {}).get("spark.master")
+    return chosen or ("" if _launched() else "local[*]")
+
+
+def _bindable(address: str) -> bool:
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _executor_python(options: ClusterOptions, local: bool) -> str:
+    return (
+        options.executor_python
+        or options.conf.get("spark.pyspark.python")
+        or os.environ.get("PYSPARK_PYTHON")
+        or (sys.executable if local else "python3")
+    )
+
+
+def _cluster_settings(master: str, options: ClusterOptions) -> dict[str, str]:
+    """What a non-local master needs from pidgate; raises InputError when it cannot work."""
+    check_master(master, options.conf, os.environ)
+    settings: dict[str, str] = {}
+    # A loopback SPARK_LOCAL_IP (kept for local runs, e.g. exported by a test script) would
+    # make the driver unreachable from every other host.
+    if _is_loopback(os.environ.get("SPARK_LOCAL_IP", "")):
+        del os.environ["SPARK_LOCAL_IP"]
+    host = options.driver_host or options.conf.get("spark.driver.host") or driver_host_for(master)
+    if host:
+        settings["spark.driver.host"] = host
+        settings["spark.driver.bindAddress"] = host if _bindable(host) else "0.0.0.0"
+    if options.ship:
+        from pidgate.pipeline.spark.shipping import ARCHIVE_ALIAS, executor_archive
+
+        own = f"{executor_archive()}#{ARCHIVE_ALIAS}"
+        theirs = options.conf.get("spark.archives")
+        settings["spark.archives"] = f"{theirs},{own}" if theirs else own
+        path = options.conf.get("spark.executorEnv.PYTHONPATH")
+        settings["spark.executorEnv.PYTHONPATH"] = (
+            f"{ARCHIVE_ALIAS}:{path}" if path else ARCHIVE_ALIAS
+        )
+    return settings
+
+
+def spark_session(
+    master: str | None = None, app_name: str = "pidgate", options: ClusterOptions | None = None
+) -> SparkSession:
+    """Return the active SparkSession, creating it if needed (see the module doc for what is
+    set per kind of master). Raises :class:`pidgate.pipeline.reading.inputs.InputError` when a
+    cluster master cannot work as configured."""
+    from pyspark import SparkContext
+
+    options = options or ClusterOptions()
+    effective = effective_master(master, options.conf)
+    local = bool(effective) and is_local(effective)
+    existed = SparkContext._active_spark_context is not None
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        settings[_SHUFFLE_PARTITIONS] = str(_LOCAL_SHUFFLE_PARTITIONS)
+    elif effective and not existed:
+        settings.update(_cluster_settings(effective, options))
+    settings.update(options.conf)
+    builder = SparkSession.builder.appName(app_name)
+    if effective:
+        builder = builder.master(effective)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if not existed and effective:
+        # Read by every Python function Spark ships (RDD and pandas UDFs alike); set here
+        # rather than in PYSPARK_PYTHON so that one session's choice does not leak into the
+        # next one in this process.
+        session.sparkContext.pythonExec = _executor_python(options, local)
+    if local and _SHUFFLE_PARTITIONS not in options.conf:
+        session.conf.set(_SHUFFLE_PARTITIONS, str(_LOCAL_SHUFFLE_PARTITIONS))
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def stop_session() -> None:
+    """Stop the active SparkSession, if there is one."""
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()

@@ -1,0 +1,8 @@
+"""Quota control: which producer IDs are new, who pays for them, and what happens when a
+principal is out of tokens (admission, the waiting room, observe mode); which quotas are in force
+and how they change live (KIP-546 administration, the state file, the shared store); and what
+the rest of the cluster already knows (the PID frontier, fleet sync).
+
+May import ``pidgate.proxy.logs``, ``pidgate.proxy.upstream_check`` and the pure packages; never
+``serving`` or ``operations``, which call it.
+"""
