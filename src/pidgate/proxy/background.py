@@ -10,18 +10,18 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import TypeVar
 
 from pidgate.config import Settings
 from pidgate.proxy.quota_control.admission import DecisionObserver
 from pidgate.proxy.runtime import new_event_loop
 from pidgate.proxy.server import ProxyServer
+from pidgate.proxy.with_block import WithBlock
 
 T = TypeVar("T")
 
 
-class BackgroundProxy:
+class BackgroundProxy(WithBlock):
     def __init__(self, settings: Settings, observers: tuple[DecisionObserver, ...] = ()) -> None:
         self.server = ProxyServer(settings, observers)
         self._loop = new_event_loop()
@@ -87,10 +87,5 @@ class BackgroundProxy:
     def __enter__(self) -> BackgroundProxy:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _on_exit(self) -> None:
         self.stop()

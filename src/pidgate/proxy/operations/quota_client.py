@@ -17,7 +17,6 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from types import TracebackType
 from typing import Any
 
 from kafka.protocol.admin.client_quotas import (
@@ -33,6 +32,7 @@ from pidgate.protocol.client_quotas import (
     PRODUCER_IDS_RATE,
 )
 from pidgate.proxy.upstream_check import describe_error
+from pidgate.proxy.with_block import WithBlock
 
 __all__ = [
     "DescribedEntry",
@@ -112,7 +112,7 @@ def _error(kind: str, code: int, message: Any) -> QuotaClientError:
     return QuotaClientError(f"{kind} failed with {name} ({code}){with_message}")
 
 
-class QuotaClient:
+class QuotaClient(WithBlock):
     """One admin connection to ``bootstrap`` (a pidgate); ``security``: kafka-python settings
     (``pidgate.config.client_properties``). Use as a context manager."""
 
@@ -140,15 +140,7 @@ class QuotaClient:
             raise QuotaClientError("this kafka-python version has no connection manager")
         self._manager: Any = manager
 
-    def __enter__(self) -> QuotaClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _on_exit(self) -> None:
         self.close()
 
     def close(self) -> None:

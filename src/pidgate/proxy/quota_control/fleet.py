@@ -54,6 +54,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.logs import get_logger
 from pidgate.proxy.quota_control.admission import ProduceContext
+from pidgate.proxy.quota_control.cluster_clients import cluster_client_config
 from pidgate.proxy.upstream_check import describe_error
 from pidgate.quota.manager import Admitted, Decision
 
@@ -68,8 +69,6 @@ __all__ = [
 
 RECORD_VERSION = 1
 _POLL_MS = 100
-_REQUEST_TIMEOUT_MS = 10_000
-_RECONNECT_BACKOFF_MAX_MS = 2_000
 _STOP_JOIN_S = 10.0
 
 
@@ -401,15 +400,9 @@ class FleetSync:
     # -- set-up -------------------------------------------------------------------------------
 
     def _client_config(self, deadline: float) -> dict[str, Any]:
-        remaining_ms = max(100, int((deadline - time.monotonic()) * 1000))
-        return {
-            "bootstrap_servers": self._bootstrap,
-            "client_id": f"pidgate-fleet-{self.member}",
-            "bootstrap_timeout_ms": min(remaining_ms, 30_000),
-            "request_timeout_ms": _REQUEST_TIMEOUT_MS,
-            "reconnect_backoff_max_ms": _RECONNECT_BACKOFF_MAX_MS,
-            **self._security,
-        }
+        return cluster_client_config(
+            self._bootstrap, f"pidgate-fleet-{self.member}", deadline, self._security
+        )
 
     def _ensure_topic(self, deadline: float) -> None:
         last_error: BaseException | None = None

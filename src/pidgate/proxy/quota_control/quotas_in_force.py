@@ -36,6 +36,7 @@ from pidgate.quota.persistence import (
     snapshot_state,
 )
 from pidgate.quota.policy import ENFORCE, OBSERVE, QuotaPolicy, user_name
+from pidgate.quota.policy_from_rates import policy_from_rates
 
 #: Called after overrides changed locally: (user key, rate or None). The shared store publishes.
 OverrideListener = Callable[[str, int | None], None]
@@ -112,21 +113,12 @@ class QuotaControl:
 
     def policy(self) -> QuotaPolicy:
         quota = self._settings.quota
-        rates = dict(self.effective_rates())
-        default = rates.pop(DEFAULT_USER_ENTITY, None)
-        modes = self.effective_modes()
-        default_observe = modes.pop(DEFAULT_USER_ENTITY, None)
-        return QuotaPolicy(
-            window_ms=quota.window_ms,
-            window_num=quota.window_num,
-            false_positive_rate=quota.false_positive_rate,
-            default_producer_ids_rate=default,
-            user_producer_ids_rates=rates,
-            max_principals=quota.max_principals,
-            max_total_bits=quota.max_total_bits,
+        return policy_from_rates(
+            quota,
+            self.effective_rates(),
+            default_user=DEFAULT_USER_ENTITY,
             grandfather_grace_ms=quota.grandfather_grace_ms,
-            default_observe=default_observe,
-            user_observe=modes,
+            observe=self.effective_modes(),
         )
 
     def apply_changes(

@@ -13,9 +13,9 @@ from that thread -- for this instance's own writes too, once they are in the log
 event loop hops back with ``loop.call_soon_threadsafe``; ``publish`` blocks until the broker
 acknowledges, so call it from an executor, not on the loop.
 
-Owns: ``QuotaOverride``, ``SharedQuotaStore``, ``SharedStoreError``. Imports only kafka-python
-and ``pidgate.proxy.logs``; it must not import the server, connections or admission (the server
-wires it in), nor asyncio. Never logs the ``security`` settings: they may hold SASL passwords.
+Owns: ``QuotaOverride``, ``SharedQuotaStore``, ``SharedStoreError``. Imports only kafka-python,
+``pidgate.proxy.logs``, ``pidgate.proxy.upstream_check`` and ``quota_control.cluster_clients``;
+it must not import the server, connections or admission (the server wires it in), nor asyncio. Never logs the ``security`` settings: they may hold SASL passwords.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from kafka.errors import (
 )
 
 from pidgate.proxy.logs import get_logger
+from pidgate.proxy.quota_control.cluster_clients import cluster_client_config
 from pidgate.proxy.upstream_check import describe_error
 
 #: The key of the user-default entity (``users.<default>``).
@@ -52,11 +53,8 @@ SECURITY_PREFIXES = ("security_", "sasl_", "ssl_")
 #: How long ``send`` may block for metadata or buffer space (the topic's metadata is fetched at
 #: start, so it normally does not block at all).
 _MAX_BLOCK_MS = 5_000
-_REQUEST_TIMEOUT_MS = 10_000
 #: After this, a record ``publish`` gave up on is dropped by the producer instead of landing late.
 _DELIVERY_TIMEOUT_MS = 30_000
-#: Reconnect quickly once the broker is back (kafka-python's default backs off to 30 s).
-_RECONNECT_BACKOFF_MAX_MS = 2_000
 #: Upper bound on one health probe (a ListOffsets request).
 _PROBE_TIMEOUT_MS = 2_000
 _RETRY_SLEEP_S = 0.2
@@ -279,15 +277,9 @@ class SharedQuotaStore:
     # -- start-up ---------------------------------------------------------------------------
 
     def _client_config(self, deadline: float) -> dict[str, Any]:
-        remaining_ms = max(100, int((deadline - time.monotonic()) * 1000))
-        return {
-            "bootstrap_servers": self._bootstrap,
-            "client_id": f"pidgate-shared-store-{self._instance_id}",
-            "bootstrap_timeout_ms": min(remaining_ms, 30_000),
-            "request_timeout_ms": _REQUEST_TIMEOUT_MS,
-            "reconnect_backoff_max_ms": _RECONNECT_BACKOFF_MAX_MS,
-            **self._security,
-        }
+        return cluster_client_config(
+            self._bootstrap, f"pidgate-shared-store-{self._instance_id}", deadline, self._security
+        )
 
     def _ensure_topic(self, deadline: float) -> None:
         """Create the topic (one partition, compacted) unless it exists, retrying until
