@@ -15,7 +15,8 @@ acknowledges, so call it from an executor, not on the loop.
 
 Owns: ``QuotaOverride``, ``SharedQuotaStore``, ``SharedStoreError``. Imports only kafka-python,
 ``pidgate.proxy.logs``, ``pidgate.proxy.upstream_check`` and ``quota_control.cluster_clients``;
-it must not import the server, connections or admission (the server wires it in), nor asyncio. Never logs the ``security`` settings: they may hold SASL passwords.
+it must not import the server, connections or admission (the server wires it in), nor asyncio.
+Never logs the ``security`` settings: they may hold SASL passwords.
 """
 
 from __future__ import annotations
