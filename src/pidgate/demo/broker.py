@@ -3,7 +3,8 @@ loopback, for the demo and the integration tests. tansu starts in milliseconds w
 storage and node id 111; it lacks SASL, TLS and the client-quota APIs (DESIGN.md).
 
 Owns: ``EmbeddedBroker`` and ``free_port``. Only ever binds 127.0.0.1, and stops only the
-process it started, by PID.
+process it started, by PID. Of pidgate imports only ``pidgate.proxy.with_block``: must not
+import the proxy's rooms, the pipeline or the rest of the demo (tests use it without them).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Running a ``ProxyServer`` on its own event loop in a background thread, for embedding
 pidgate in another program (the demo) and for tests that inspect its counters.
 
-Owns: ``BackgroundProxy``.
+Owns: ``BackgroundProxy``. Runs the server, as ``runtime`` does: nothing in the proxy may
+import it (only the demo and tests do); must not import ``workers``.
 """
 
 from __future__ import annotations

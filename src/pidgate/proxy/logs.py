@@ -3,7 +3,8 @@ storm of identical decisions (thousands of rejected PIDs a second) writes a boun
 lines, and the next line that gets through says how many were suppressed.
 
 Owns: log configuration and ``RateLimitedLog``. Never receives credentials: callers pass only
-principals, client ids, PIDs and addresses.
+principals, client ids, PIDs and addresses. Sits under every room of the proxy: must not
+import any other ``pidgate.proxy`` module.
 """
 
 from __future__ import annotations

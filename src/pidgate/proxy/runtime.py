@@ -1,7 +1,8 @@
 """Running the proxy as a process: the event loop (uvloop when installed), signal handling and
 graceful shutdown (stop accepting, let in-flight requests finish, exit 0).
 
-Owns: ``run_proxy`` and ``new_event_loop``.
+Owns: ``run_proxy`` and ``new_event_loop``. Runs the server: must not import ``workers`` or
+``background`` (they call it), nor any room directly.
 """
 
 from __future__ import annotations

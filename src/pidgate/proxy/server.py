@@ -1,7 +1,10 @@
-"""The proxy as a whole: listeners, the quota manager's housekeeping, graceful shutdown.
+"""The proxy as a whole, its composition root: builds the rooms (quota control, operations,
+serving) and wires them to each other, starts them in order (the cluster joined, then the
+listeners, then housekeeping) and stops them gracefully (stop reading, let requests finish,
+close, save).
 
-Owns: ``ProxyServer`` (start / stop / addresses) and ``DecisionCounters``, the in-process tally
-of decisions that the demo shows (and that metrics will read).
+Owns: ``ProxyServer`` (start / stop / reload / state / addresses). Must not import ``runtime``,
+``workers`` or ``background`` (they run it); what a room does lives in the room.
 """
 
 from __future__ import annotations
@@ -9,48 +12,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import secrets
-import threading
 import time
-from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from pidgate.config import Settings
 from pidgate.protocol.api_versions import inspected_api_version_limits
-from pidgate.protocol.client_quotas import PRODUCER_IDS_RATE, QuotaChange
-from pidgate.protocol.produce import ProduceRequestSummary
+from pidgate.proxy.decision_counters import DecisionCounters
+from pidgate.proxy.housekeeping import Housekeeping
 from pidgate.proxy.logs import RateLimitedLog, get_logger
 from pidgate.proxy.operations.event_log import EventLog
 from pidgate.proxy.operations.http import AdminHttpServer
 from pidgate.proxy.operations.metrics import DELIVERY_TIMEOUT_MS_DEFAULT, ProxyMetrics
-from pidgate.proxy.operations.stepping import LOOP_STEP_PRINCIPALS, run_in_steps
 from pidgate.proxy.quota_control.admission import (
     DecisionObserver,
     Gatekeeper,
-    ProduceContext,
     monotonic_ms,
     quota_clock_ms,
 )
-from pidgate.proxy.quota_control.fleet import (
-    FleetCollector,
-    FleetError,
-    FleetOutbox,
-    FleetRecord,
-    FleetSync,
-)
-from pidgate.proxy.quota_control.pid_frontier import FrontierProber, FrontierResult
-from pidgate.proxy.quota_control.quota_admin import QuotaAdmin, entity_key
-from pidgate.proxy.quota_control.quotas_in_force import (
-    EncodedSave,
-    encode_for_saving_in_steps,
-    open_quota_control,
-    snapshot_for_saving,
-    write_encoded,
-    write_snapshot,
-)
-from pidgate.proxy.quota_control.shared_store import QuotaOverride, SharedQuotaStore
+from pidgate.proxy.quota_control.fleet import FleetCollector, FleetSync
+from pidgate.proxy.quota_control.pid_frontier import FrontierResult
+from pidgate.proxy.quota_control.quota_admin import QuotaAdmin
+from pidgate.proxy.quota_control.quotas_in_force import open_quota_control
+from pidgate.proxy.quota_control.room import QuotaControlRoom
 from pidgate.proxy.quota_control.waiting_room import WaitingRoom
 from pidgate.proxy.serving.connection import ClientConnection
 from pidgate.proxy.serving.context import ProxyContext
@@ -58,42 +42,7 @@ from pidgate.proxy.serving.flow_control import ConnectionLimits
 from pidgate.proxy.serving.identity import IdentityPolicy
 from pidgate.proxy.serving.routing import Address, BrokerRoute, Router
 from pidgate.proxy.serving.tls import CertificateReloader, client_ssl_context, upstream_ssl_context
-from pidgate.proxy.upstream_check import describe_error, unanswered_reason
-from pidgate.quota.grandfather import Enforcement
-from pidgate.quota.manager import Admitted, Decision
-
-
-@dataclass
-class DecisionCounters:
-    """Running totals of quota decisions (a ``DecisionObserver``)."""
-
-    new_producer_ids_admitted: int = 0
-    produce_requests_rejected: int = 0
-    rejected_producer_ids: set[int] = field(default_factory=set)
-    max_rejected_ids_kept: int = 100_000
-    #: Rejected Produce requests by ApiVersions client_software_name ("unknown" when not sent).
-    rejections_by_client_software: Counter[str] = field(default_factory=Counter)
-    max_client_software_kept: int = 100
-
-    def on_decision(
-        self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
-    ) -> None:
-        if isinstance(decision, Admitted):
-            self.new_producer_ids_admitted += len(decision.new_producer_ids)
-            self.rejected_producer_ids.difference_update(decision.new_producer_ids)
-        else:
-            self.produce_requests_rejected += 1
-            software = context.client_software_name or "unknown"
-            # The name is the client's choice: bound the table (a per-connection random name
-            # must not grow it forever).
-            if software in self.rejections_by_client_software or (
-                len(self.rejections_by_client_software) < self.max_client_software_kept
-            ):
-                self.rejections_by_client_software[software] += 1
-            else:
-                self.rejections_by_client_software["other"] += 1
-            if len(self.rejected_producer_ids) < self.max_rejected_ids_kept:
-                self.rejected_producer_ids.update(decision.unknown_producer_ids)
+from pidgate.proxy.upstream_check import unanswered_reason
 
 
 def _log_long_wait(
@@ -132,10 +81,11 @@ class ProxyServer:
             max_user_labels=settings.admin.max_user_labels,
             on_long_wait=functools.partial(_log_long_wait, log),
         )
+        self.quota_room = QuotaControlRoom(
+            settings, self.quota_control, log, frontier_probed=self.metrics.frontier_probed
+        )
+        fleet_outbox = self.quota_room.fleet_outbox
         self.event_log = self._open_event_log(settings)
-        #: What this member admitted, for the fleet (None: no fleet.id).
-        self.fleet_outbox = self._open_fleet_outbox(settings)
-        self.fleet: FleetSync | None = None
         if self.event_log is not None:
             self.metrics.event_log_stats = self.event_log.stats
         self.router = Router(settings.proxy, self._open_broker_listener)
@@ -147,7 +97,7 @@ class ProxyServer:
                     self.counters,
                     self.metrics,
                     *((self.event_log,) if self.event_log else ()),
-                    *((self.fleet_outbox,) if self.fleet_outbox else ()),
+                    *((fleet_outbox,) if fleet_outbox else ()),
                     *observers,
                 ),
                 on_observer_error=self._observer_failed,
@@ -162,7 +112,9 @@ class ProxyServer:
             upstream_ssl=upstream_ssl_context(settings.upstream_tls),
             traffic=self.metrics,
             event_log=self.event_log,
-            quota_admin=QuotaAdmin(self.quota_control.effective_rates, self._apply_quota_changes),
+            quota_admin=QuotaAdmin(
+                self.quota_control.effective_rates, self.quota_room.apply_quota_changes
+            ),
             waiting_room=self._open_waiting_room(settings),
         )
         self.connection_limits = ConnectionLimits()
@@ -176,82 +128,20 @@ class ProxyServer:
         )
         self._bootstrap: asyncio.Server | None = None
         self._broker_servers: dict[int, asyncio.Server] = {}
-        self._housekeeping: asyncio.Task[None] | None = None
         self._stopping = False
-        self._reloading: asyncio.Task[None] | None = None
-        self._persisting: asyncio.Task[None] | None = None
-        #: Held while the state file is written: a periodic write still running in its thread
-        #: when pidgate stops is never left to replace the final, newer one.
-        self._state_write_lock = threading.Lock()
-        self._shared_store: SharedQuotaStore | None = None
-        self._probes: set[asyncio.Future[None]] = set()
-        self._prober = FrontierProber(
-            [str(upstream) for upstream in settings.proxy.upstream],
-            security=dict(settings.shared_store.security),
-            timeout_ms=settings.quota.grandfather_probe_timeout_ms,
+        self._housekeeping = Housekeeping(
+            lambda: self.settings, self.quota_room, self._certificates, log
         )
-        #: The latest PID frontier probe (for /state), and when it finished (quota clock).
-        self.last_frontier: FrontierResult | None = None
-        self.last_frontier_ms: int | None = None
-        self.quota_control.on_enforcement_began = self._enforcement_began
 
-    def _open_fleet_outbox(self, settings: Settings) -> FleetOutbox | None:
-        fleet = settings.fleet
-        if fleet.id is None:
-            return None
-        self.quota.announce_refreshes = True
-        listen = settings.proxy.listen
-        instance = settings.shared_store.instance_id or (
-            f"{settings.proxy.effective_advertised_host}_{listen.port}"
-        )
-        # A per-process suffix: this process skips its own records, but a restarted member
-        # replays those of its previous incarnation.
-        member = f"{instance}-{secrets.token_hex(4)}"
-        return FleetOutbox(member, quota_clock_ms, fleet.max_pending_producer_ids)
+    @property
+    def fleet(self) -> FleetSync | None:
+        """This member's fleet sync once joined (None: no ``fleet.id``, or not started)."""
+        return self.quota_room.fleet
 
-    async def _start_fleet(self) -> None:
-        """Join the fleet before serving: read the fleet topic one window back and apply it,
-        so every PID the fleet admitted within the window is known here and every bucket has
-        the fleet's level (issue "fleet")."""
-        outbox = self.fleet_outbox
-        topic = self.settings.fleet.effective_topic
-        if outbox is None or topic is None:
-            return
-        loop = asyncio.get_running_loop()
-
-        def on_records(records: list[FleetRecord]) -> None:  # on the fleet thread
-            loop.call_soon_threadsafe(self._apply_fleet, records)
-
-        fleet = FleetSync(
-            [str(upstream) for upstream in self.settings.proxy.upstream],
-            topic,
-            outbox,
-            on_records,
-            window_ms=self.settings.quota.window_ms,
-            flush_interval_ms=self.settings.fleet.flush_interval_ms,
-            security=dict(self.settings.shared_store.security),
-        )
-        try:
-            await asyncio.to_thread(fleet.start, self.settings.fleet.catch_up_timeout_ms / 1000)
-        except FleetError as error:
-            raise OSError(f"fleet {self.settings.fleet.id!r}: {error}") from error
-        # Records the reader handed over before it reported the catch-up are applied by now:
-        # the loop runs call_soon_threadsafe callbacks in order.
-        self.fleet = fleet
-        self.metrics.registry.register(FleetCollector(fleet))
-
-    def _apply_fleet(self, records: list[FleetRecord]) -> None:
-        """Other members' admissions, on the event loop: their PIDs become known here and, in
-        fleet scope, their tokens are debited here, each at the time it was taken."""
-        fleet_scope = self.settings.fleet.scope == "fleet"
-        now_ms = quota_clock_ms()
-        for record in records:
-            self.quota.learn(
-                record.principal,
-                record.new_producer_ids + record.known_producer_ids,
-                len(record.new_producer_ids) if fleet_scope else 0,
-                min(record.ts_ms, now_ms),
-            )
+    @property
+    def last_frontier(self) -> FrontierResult | None:
+        """The latest PID frontier probe."""
+        return self.quota_room.last_frontier
 
     def _open_event_log(self, settings: Settings) -> EventLog | None:
         config = settings.event_log
@@ -270,26 +160,11 @@ class ProxyServer:
             max_queued_events=config.max_queued_events,
         )
 
-    def _apply_quota_changes(
-        self, changes: list[tuple[int, QuotaChange]]
-    ) -> Mapping[int, tuple[int, str | None]]:
-        failures = self.quota_control.apply_changes(changes)
-        for _, change in changes:
-            if change.key != PRODUCER_IDS_RATE:
-                continue  # a mode change: quota_control logs quota_mode_changed itself
-            get_logger().info(
-                "quota_changed",
-                user=entity_key(change.entity),
-                producer_ids_rate=change.rate,
-                source="client_quotas_api",
-            )
-        return failures
-
     def reload(self, settings: Settings) -> None:
         """Apply a re-read config file (SIGHUP): quotas, rejection table, log rate limits, quota
         failure policy, connection limits and idle timeout (at their next check). Listener, TLS
         and routing settings need a restart and are left as they are."""
-        self.quota_control.reload(settings)
+        self.quota_room.reload(settings)
         self.settings = settings
         self.context.settings = settings
         self.context.gatekeeper.failure_policy = settings.proxy.quota_failure_policy
@@ -298,23 +173,8 @@ class ProxyServer:
         get_logger().info("config_reloaded", producer_ids_rate=self.quota_control.effective_rates())
 
     def state(self) -> dict[str, Any]:
-        state = self.quota_control.state()
-        probe = self.last_frontier
-        state["grandfather"]["last_probe"] = (
-            None
-            if probe is None
-            else {
-                "frontier": probe.frontier,
-                "reason": probe.reason,
-                "brokers": {str(node): list(pids) for node, pids in probe.per_broker.items()},
-                "finished_ms": self.last_frontier_ms,
-                "elapsed_ms": probe.elapsed_ms,
-            }
-        )
+        state = self.quota_room.state()
         state["connections"] = len(self.context.connections)
-        if self.fleet is not None:
-            state["fleet"] = {"id": self.settings.fleet.id, "scope": self.settings.fleet.scope}
-            state["fleet"].update(self.fleet.status())
         state["listeners"] = {
             "bootstrap": "{}:{}".format(*self.bootstrap_address) if self._bootstrap else None,
             "brokers": self.broker_listener_ports,
@@ -362,25 +222,15 @@ class ProxyServer:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         listen = self.settings.proxy.listen
         await self._warn_before_serving()
-        # Enforcement begins now for every principal without saved state: learn the PID
-        # frontier before the first request is read (bounded by the probe timeout).
-        await self._resolve_enforcement(self.quota.begin_enforcement(quota_clock_ms()), "start")
-        await self._start_fleet()
+        await self.quota_room.learn_frontier_at_start()
+        await self.quota_room.start_fleet()
+        if self.quota_room.fleet is not None:
+            self.metrics.registry.register(FleetCollector(self.quota_room.fleet))
         try:
-            self._bootstrap = await loop.create_server(
-                lambda: ClientConnection(
-                    self.context,
-                    lambda: self.router.bootstrap_upstreams,
-                    limits=self.connection_limits,
-                ),
-                listen.host,
-                listen.port,
-                reuse_address=True,
-                reuse_port=self.settings.proxy.reuse_port or None,
-                ssl=self._client_ssl,
+            self._bootstrap = await self._serve_clients(
+                listen.host, listen.port, lambda: self.router.bootstrap_upstreams
             )
         except OSError as error:
             raise OSError(
@@ -388,7 +238,7 @@ class ProxyServer:
                 f"bootstrap listener {listen} (setting proxy.listen, --listen, "
                 f"PIDGATE_PROXY_LISTEN): {error.strerror or error}",
             ) from error
-        await self._start_shared_store()
+        await self.quota_room.start_shared_store()
         if self.settings.admin.enabled:
             admin = self.settings.admin.listen
             self._admin = AdminHttpServer(self.metrics, self.state, self.upstream_ready)
@@ -400,11 +250,7 @@ class ProxyServer:
                     f"admin HTTP listener {admin} (setting admin.listen, --http, "
                     f"PIDGATE_ADMIN_LISTEN): {error.strerror or error}",
                 ) from error
-        self._housekeeping = asyncio.ensure_future(self._expire_periodically())
-        if self.settings.state.path is not None:
-            self._persisting = asyncio.ensure_future(self._persist_periodically())
-        if self._certificates is not None:
-            self._reloading = asyncio.ensure_future(self._reload_certificates_periodically())
+        self._housekeeping.start()
         if not self.quota_control.effective_rates():
             self.context.notices.no_quota()
         get_logger().info(
@@ -460,22 +306,11 @@ class ProxyServer:
             conn.close()
         if self._admin is not None:
             await self._admin.stop()
-        if self._shared_store is not None:
-            await asyncio.to_thread(self._shared_store.stop)
-        if self.fleet is not None:
-            await asyncio.to_thread(self.fleet.stop)
-        await asyncio.to_thread(self._prober.close)
+        await self.quota_room.leave_cluster()
         if self.event_log is not None:
             await asyncio.to_thread(self.event_log.close)
-        for task in (self._housekeeping, self._reloading, self._persisting, *self._probes):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await task
-        if self.settings.state.path is not None:
-            # After the periodic save is cancelled: this is the last write (the lock waits for
-            # one that was already running in its thread).
-            self._save_state_now()
+        await self._housekeeping.stop()
+        await self.quota_room.stop()  # the state file's last write
         for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
@@ -499,26 +334,33 @@ class ProxyServer:
 
     # -- internals ----------------------------------------------------------------------------
 
+    async def _serve_clients(
+        self,
+        host: str,
+        port: int,
+        upstreams: Callable[[], list[Address]],
+        node_id: int | None = None,
+    ) -> asyncio.Server:
+        """A listener whose connections go to ``upstreams``; ``node_id``: the broker it stands
+        for (None: the bootstrap listener)."""
+        return await asyncio.get_running_loop().create_server(
+            lambda: ClientConnection(
+                self.context, upstreams, node_id, limits=self.connection_limits
+            ),
+            host,
+            port,
+            reuse_address=True,
+            reuse_port=self.settings.proxy.reuse_port or None,
+            ssl=self._client_ssl,
+        )
+
     async def _open_broker_listener(self, route: BrokerRoute) -> None:
         if route.node_id in self._broker_servers or self._stopping:
             return
-        loop = asyncio.get_running_loop()
         host = self.settings.proxy.listen.host
         port = self.settings.proxy.broker_listen_port(route.node_id)
         try:
-            server = await loop.create_server(
-                lambda: ClientConnection(
-                    self.context,
-                    lambda: [route.upstream],
-                    route.node_id,
-                    limits=self.connection_limits,
-                ),
-                host,
-                port,
-                reuse_address=True,
-                reuse_port=self.settings.proxy.reuse_port or None,
-                ssl=self._client_ssl,
-            )
+            server = await self._serve_clients(host, port, lambda: [route.upstream], route.node_id)
         except (OSError, OverflowError) as error:  # OverflowError: base + node_id > 65535
             # Retried on the next response naming this broker; rate-limited, since that can be
             # every Produce response while the port stays taken. Not ready meanwhile: Metadata
@@ -549,173 +391,3 @@ class ProxyServer:
             listen=f"{host}:{port}",
             upstream=f"{route.upstream[0]}:{route.upstream[1]}",
         )
-
-    async def _reload_certificates_periodically(self) -> None:
-        assert self._certificates is not None
-        interval_s = self.settings.client_tls.reload_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                if self._certificates.reload_if_changed():
-                    get_logger().info(
-                        "certificates_reloaded", certfile=str(self.settings.client_tls.certfile)
-                    )
-            except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
-                self.context.log.warning(
-                    "certificates_reload_failed",
-                    key="reload",
-                    error=str(error),
-                    certfile=str(self.settings.client_tls.certfile),
-                )
-
-    async def _start_shared_store(self) -> None:
-        """Join the fleet's shared quota topic: catch up on its overrides before serving, then
-        publish local changes and apply remote ones as they come."""
-        shared = self.settings.shared_store
-        if shared.topic is None:
-            return
-        loop = asyncio.get_running_loop()
-        listen = self.settings.proxy.listen
-
-        def on_change(override: QuotaOverride) -> None:  # on the store's reader thread
-            loop.call_soon_threadsafe(self._apply_shared, override)
-
-        store = SharedQuotaStore(
-            [str(upstream) for upstream in self.settings.proxy.upstream],
-            shared.topic,
-            shared.instance_id or f"{self.settings.proxy.effective_advertised_host}:{listen.port}",
-            on_change,
-            security=dict(shared.security),
-        )
-        await asyncio.to_thread(store.start)
-        self._shared_store = store
-
-        def publish(user: str, rate: int | None) -> None:
-            future = loop.run_in_executor(None, store.publish, QuotaOverride(user, rate))
-            future.add_done_callback(self._published)
-
-        self.quota_control.listeners.append(publish)
-
-    def _published(self, future: asyncio.Future[None]) -> None:
-        error = future.exception()
-        if error is not None:  # applied here already; the fleet learns it on a later change
-            self.context.log.warning("shared_store_publish_failed", key="publish", error=str(error))
-
-    def _apply_shared(self, override: QuotaOverride) -> None:
-        if self.quota_control.apply_remote(override.user, override.producer_ids_rate):
-            get_logger().info(
-                "quota_changed",
-                user=override.user,
-                producer_ids_rate=override.producer_ids_rate,
-                source="shared_store",
-            )
-
-    # -- grandfathering: the PID frontier --------------------------------------------------------
-
-    def _enforcement_began(self, enforcement: Enforcement) -> None:
-        """A policy change made principals limited (on the event loop): probe the frontier now;
-        until it answers (milliseconds), their unknown PIDs are admitted as in learning mode."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # changed from outside the loop (tests): nothing can probe
-            enforcement.resolve(None, "quota changed outside the event loop: no probe")
-            return
-        task = loop.create_task(self._resolve_enforcement(enforcement, "quota_change"))
-        self._probes.add(task)
-        task.add_done_callback(self._probes.discard)
-
-    async def _resolve_enforcement(self, enforcement: Enforcement, cause: str) -> None:
-        policy = self.quota.policy
-        if enforcement.grace_ms == 0:
-            enforcement.disable("grandfathering off (quota.grandfather_grace_ms = 0)")
-            return
-        if cause == "start" and (
-            policy.default_producer_ids_rate is None and not policy.user_producer_ids_rates
-        ):
-            # Nobody is limited: a later change that limits someone probes then. (No
-            # connection is made before that: pidgate talks to the brokers only for clients.)
-            enforcement.disable("no principal limited at start")
-            return
-        try:
-            result = await asyncio.to_thread(self._prober.probe)
-        except Exception as error:  # probe_frontier reports failures; this is a bug guard
-            result = FrontierResult(None, f"probe crashed: {describe_error(error)}")
-        now = quota_clock_ms()
-        self.last_frontier, self.last_frontier_ms = result, now
-        enforcement.resolve(result.frontier, result.reason)
-        self.metrics.frontier_probed(result.frontier, now)
-        if result.frontier is not None:
-            get_logger().info(
-                "pid_frontier_learnt",
-                cause=cause,
-                frontier=result.frontier,
-                brokers={str(node): pids for node, pids in result.per_broker.items()},
-                elapsed_ms=result.elapsed_ms,
-                retries=result.retries,
-                reason=result.reason,
-                enforcement_began_ms=enforcement.began_ms,
-                grace_ms=enforcement.grace_ms,
-            )
-        else:
-            get_logger().warning(
-                "grandfather_learning_mode",
-                cause=cause,
-                reason=result.reason,
-                elapsed_ms=result.elapsed_ms,
-                grace_ms=enforcement.grace_ms,
-                action="unknown PIDs of principals whose enforcement began now are admitted "
-                "and recorded, never rejected, until the grace period ends",
-            )
-
-    def _save_state_now(self) -> None:
-        try:
-            snapshot = snapshot_for_saving(self.quota_control)
-            with self._state_write_lock:
-                write_snapshot(snapshot, self.settings)
-        except OSError as error:
-            get_logger().error(
-                "state_file_write_failed", path=str(self.settings.state.path), error=str(error)
-            )
-            return
-        get_logger().info("state_saved", path=str(self.settings.state.path))
-
-    async def _persist_periodically(self) -> None:
-        interval_s = self.settings.state.persist_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                # Copied and encoded on the loop a step of principals at a time (each principal
-                # copied whole), the loop let through between steps; compressed and written in
-                # a thread.
-                save = await run_in_steps(
-                    encode_for_saving_in_steps(self.quota_control, LOOP_STEP_PRINCIPALS)
-                )
-                await asyncio.to_thread(self._write_encoded, save)
-            except OSError as error:
-                self.context.log.warning(
-                    "state_file_write_failed",
-                    key="state",
-                    path=str(self.settings.state.path),
-                    error=str(error),
-                )
-            except Exception as error:  # a bug: keep saving next time, say so now
-                self.context.log.warning("state_save_failed", key="state", error=repr(error))
-
-    def _write_encoded(self, save: EncodedSave) -> None:
-        with self._state_write_lock:
-            write_encoded(save, self.settings)
-
-    async def _expire_periodically(self) -> None:
-        interval_s = self.settings.quota.cleanup_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval_s)
-            # A step of principals at a time, the loop let through between steps.
-            try:
-                forgotten = await run_in_steps(
-                    self.quota.expire_in_steps(quota_clock_ms(), LOOP_STEP_PRINCIPALS)
-                )
-            except Exception as error:  # keep expiring next time; never take shutdown down
-                self.context.log.warning("quota_expiry_failed", key="expire", error=repr(error))
-                continue
-            if forgotten:
-                get_logger().debug("principals_forgotten", count=forgotten)

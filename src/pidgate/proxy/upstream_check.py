@@ -3,7 +3,8 @@ reason ``/readyz`` puts in its 503 body and the warning ``serve`` gives at start
 
 Owns: ``unanswered_reason`` (a TCP connection to each address in turn, no Kafka request),
 ``connect_error_text`` and ``describe_error`` (an exception named once, for any message).
-Never sends a byte upstream; never logs (the callers decide).
+Never sends a byte upstream; never logs (the callers decide). Sits under every room of the
+proxy: must not import any other ``pidgate.proxy`` module.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ drains as a single pidgate does) and the supervisor exits 0 when they all did; S
 to every worker (each re-reads the configuration). A worker that dies is started again after
 a second, and logged.
 
-Owns: ``run_workers`` and ``worker_settings``. Linux only.
+Owns: ``run_workers`` and ``worker_settings``. Linux only. The top of the proxy (only
+``pidgate.cli`` imports it): must not import ``background``, and reaches a worker's server
+only through ``runtime``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ offers client-quota admin methods, but kafka-python's connection manager does TL
 (PLAIN, SCRAM, GSSAPI) and version negotiation, and ships the message classes; requests go
 through its ``KafkaAdminClient``'s connection manager (``_manager``, present in kafka-python 3.0).
 
-Owns: ``QuotaClient``, ``format_describe``, ``quota_value_text`` and ``java_double``.
+Owns: ``QuotaClient``, ``format_describe``, ``quota_value_text`` and ``java_double``. A client
+of any pidgate, not part of the running one: must not import ``serving``, ``quota_control`` or
+the server.
 """
 
 from __future__ import annotations

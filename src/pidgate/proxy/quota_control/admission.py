@@ -5,6 +5,7 @@ observe mode gets ``WouldReject`` where enforcement would reject (proxy/quota_co
 
 Owns: ``Gatekeeper`` (including the quota failure policy: what happens to a Produce request when
 the quota manager itself raises), ``rejection_error_code``, the ``DecisionObserver`` protocol.
+Must not import ``serving``, ``operations`` or the server (they call it), nor any IO.
 """
 
 from __future__ import annotations

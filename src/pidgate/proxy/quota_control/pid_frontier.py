@@ -29,7 +29,8 @@ learning mode and says why.
 Cost: two PIDs per broker per probe (a retried request allocates none: it was refused); pidgate
 probes at start and when a policy change makes a principal limited, never on the request path.
 The probe talks to the brokers directly, never through pidgate. kafka-python only; never logs
-``security``.
+``security``. Must not import ``serving``, ``operations`` or the server (the quota control room
+calls it).
 """
 
 from __future__ import annotations

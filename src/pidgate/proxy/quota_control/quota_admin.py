@@ -10,6 +10,8 @@ executes: a local response, or a frame to forward plus a ``merge`` that builds t
 response from the broker's.
 
 Owns: ``QuotaAdmin``, ``EffectiveQuotas`` (what is in force: rates, and modes alongside).
+Must not import ``serving``, ``operations`` or the server (the connection calls it), nor any
+IO: it plans, the connection sends.
 """
 
 from __future__ import annotations

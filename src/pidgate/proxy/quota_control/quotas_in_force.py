@@ -11,7 +11,9 @@ enforce, proxy/quota_control/observe.py) is overlaid the same way over ``quota.m
 but not shared through the shared store.
 
 Owns: ``QuotaControl`` (policy building, overrides, /state view). The quota manager itself is
-pure (``pidgate.quota``); persistence and the shared store plug in through callbacks.
+pure (``pidgate.quota``); persistence and the shared store plug in through callbacks. Must not
+import ``serving``, ``operations``, the server, nor the shared store or the fleet (they plug
+in through ``listeners`` and ``on_enforcement_began``).
 """
 
 from __future__ import annotations

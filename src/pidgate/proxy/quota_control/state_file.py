@@ -4,7 +4,8 @@ read back at startup, and a clean start with a clear warning when it cannot be u
 Owns the file's I/O and durability: write to a temporary file in the same directory, fsync it,
 ``os.replace`` it over the old one, fsync the directory. A crash at any point leaves either the
 old file or the new one, never a mix; the file is readable by its owner only (0600) because it
-names principals. No asyncio: the caller decides where this blocking I/O runs.
+names principals. No asyncio: the caller decides where this blocking I/O runs. Must not import
+``serving``, ``operations`` or the server, nor log (callers report failures).
 """
 
 from __future__ import annotations

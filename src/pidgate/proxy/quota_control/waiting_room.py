@@ -14,7 +14,7 @@ Owns: ``WaitingRoom`` (the held requests per principal, in arrival order; the ti
 them; the bounds on how many and how many bytes are held) and the ``HeldProduce`` protocol a
 connection implements for each request it holds. Knows nothing of sockets or frames: the
 connection forwards, answers and resumes itself. Imports no metrics or logging: its counters are
-read by ``metrics`` at scrape time.
+read by ``metrics`` at scrape time. Must not import ``serving``, ``operations`` or the server.
 """
 
 from __future__ import annotations
