@@ -22,19 +22,24 @@ class QuotaSizing(Protocol):
     """The window and memory settings of a quota section (``quota.*`` in the config file)."""
 
     @property
-    def window_ms(self) -> int: ...
+    def window_ms(self) -> int:
+        """KIP-936's window (``producer.id.quota.window.size.seconds``), in ms."""
 
     @property
-    def window_num(self) -> int: ...
+    def window_num(self) -> int:
+        """Layers per window (``producer.id.quota.window.num``)."""
 
     @property
-    def false_positive_rate(self) -> float: ...
+    def false_positive_rate(self) -> float:
+        """Of each layer (``producer.id.quota.cache.false.positive.rate``)."""
 
     @property
-    def max_principals(self) -> int: ...
+    def max_principals(self) -> int:
+        """Principals tracked at most."""
 
     @property
-    def max_total_bits(self) -> int: ...
+    def max_total_bits(self) -> int:
+        """Bloom bits of all layers together at most."""
 
 
 def policy_from_rates(
