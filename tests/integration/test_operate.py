@@ -31,8 +31,8 @@ from pidgate.config import Settings
 from pidgate.demo.broker import EmbeddedBroker, free_port
 from pidgate.protocol.headers import parse_request_header
 from pidgate.protocol.produce import ProduceRequestSummary, parse_produce_request
-from pidgate.proxy import server as server_module
 from pidgate.proxy.background import BackgroundProxy
+from pidgate.proxy.quota_control import room as server_module
 from pidgate.proxy.quota_control.admission import Admitted, ProduceContext, Rejected
 from pidgate.quota.persistence import load_state
 from pidgate.quota.policy import QuotaPolicy
