@@ -6,8 +6,9 @@
   quotas in force, the PID frontier, fleet sync, the shared store, the state file).
 - ``operations``: what an operator sees and touches (metrics, the admin HTTP listener, the event
   log, notices, the ``pidgate quotas`` client).
-- ``server``, ``runtime``, ``workers``, ``background``: the proxy assembled and run as a process;
-  ``logs`` and ``upstream_check`` sit under every room.
+- ``server``, ``runtime``, ``workers``, ``background``: the proxy assembled and run as a process,
+  with ``housekeeping`` (periodic chores) and ``decision_counters`` under the server;
+  ``logs``, ``upstream_check`` and ``with_block`` sit under every room.
 
 Imports run down that list: serving -> operations -> quota_control -> (logs, upstream_check),
 enforced by import-linter (pyproject.toml). May import ``pidgate.protocol``, ``pidgate.quota``
