@@ -27,15 +27,15 @@ from pidgate.proxy.quota_control.quota_admin import EffectiveQuotas, entity_key
 from pidgate.proxy.quota_control.state_file import load_or_start_clean, write_state_atomically
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import QuotaManager
-from pidgate.quota.persistence import (
-    QuotaOverrides,
-    StateSnapshot,
+from pidgate.quota.policy import ENFORCE, OBSERVE, QuotaPolicy, user_name
+from pidgate.quota.state.encode import (
     assemble_state,
     encode_principals,
     encode_state,
     snapshot_state,
 )
-from pidgate.quota.policy import ENFORCE, OBSERVE, QuotaPolicy, user_name
+from pidgate.quota.state.format import StateSnapshot
+from pidgate.quota.state.run_time_overrides import QuotaOverrides
 
 #: Called after overrides changed locally: (user key, rate or None). The shared store publishes.
 OverrideListener = Callable[[str, int | None], None]

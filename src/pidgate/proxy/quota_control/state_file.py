@@ -16,12 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pidgate.quota import QuotaManager, QuotaPolicy
-from pidgate.quota.persistence import (
-    LoadReport,
-    QuotaOverrides,
-    StateFormatError,
-    load_state,
-)
+from pidgate.quota.state.format import StateFormatError
+from pidgate.quota.state.load import LoadReport, load_state
+from pidgate.quota.state.run_time_overrides import QuotaOverrides
 
 __all__ = ["load_or_start_clean", "read_state", "write_state_atomically"]
 
