@@ -19,7 +19,7 @@ from typing import Any
 
 from pidgate.config import Settings
 from pidgate.protocol.api_versions import inspected_api_version_limits
-from pidgate.protocol.client_quotas import PRODUCER_IDS_RATE, QuotaChange
+from pidgate.protocol.client_quotas.entities import PRODUCER_IDS_RATE, QuotaChange
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.logs import RateLimitedLog, get_logger
 from pidgate.proxy.operations.event_log import EventLog

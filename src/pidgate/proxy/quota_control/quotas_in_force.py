@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pidgate.config import DEFAULT_USER_ENTITY, Settings
-from pidgate.protocol.client_quotas import PRODUCER_IDS_OBSERVE, QuotaChange
+from pidgate.protocol.client_quotas.entities import PRODUCER_IDS_OBSERVE, QuotaChange
 from pidgate.proxy.logs import get_logger
 from pidgate.proxy.quota_control.quota_admin import EffectiveQuotas, entity_key
 from pidgate.proxy.quota_control.state_file import load_or_start_clean, write_state_atomically
