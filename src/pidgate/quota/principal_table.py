@@ -143,7 +143,7 @@ class PrincipalTable:
             policy.max_layer_items,
         )
 
-    # -- read-only views -------------------------------------------------------------------
+    # -- the policy in force ---------------------------------------------------------------
 
     @property
     def policy(self) -> QuotaPolicy:
