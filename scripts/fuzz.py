@@ -38,11 +38,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pidgate.protocol import api_versions, client_quotas, endpoints, headers  # noqa: E402
+from pidgate.protocol import api_versions, endpoints, headers  # noqa: E402
 from pidgate.protocol import init_producer_id as ipid  # noqa: E402
+from pidgate.protocol.client_quotas.alter import split_alter_request  # noqa: E402
+from pidgate.protocol.client_quotas.describe import split_describe_request  # noqa: E402
+from pidgate.protocol.client_quotas.entities import QuotaEntity  # noqa: E402
 from pidgate.protocol.errors import ProtocolError  # noqa: E402
 from pidgate.protocol.framing import FrameDecoder  # noqa: E402
-from pidgate.protocol.produce import iter_batch_headers, parse_produce_request  # noqa: E402
+from pidgate.protocol.produce import parse_produce_request  # noqa: E402
+from pidgate.protocol.record_batches import iter_batch_headers  # noqa: E402
 from pidgate.protocol.sasl import SaslObserver  # noqa: E402
 
 CRASH_DIR = ROOT / "tests" / "protocol" / "fuzz_crashers"
@@ -163,7 +167,7 @@ def t_response_header(data: bytes) -> None:
 
 def t_alter_quotas(data: bytes) -> None:
     if data:
-        plan = client_quotas.split_alter_request(
+        plan = split_alter_request(
             data[1:], (data[0] & 0x7F) % 3, broker_supports=bool(data[0] & 0x80)
         )
         _ = plan.our_changes
@@ -171,11 +175,11 @@ def t_alter_quotas(data: bytes) -> None:
 
 def t_describe_quotas(data: bytes) -> None:
     if data:
-        plan = client_quotas.split_describe_request(
+        plan = split_describe_request(
             data[1:], (data[0] & 0x7F) % 3, broker_supports=bool(data[0] & 0x80)
         )
-        plan.matches(client_quotas.QuotaEntity.named("alice"))
-        plan.matches(client_quotas.QuotaEntity.default())
+        plan.matches(QuotaEntity.named("alice"))
+        plan.matches(QuotaEntity.default())
 
 
 def t_init_pid_request(data: bytes) -> None:

@@ -337,7 +337,7 @@ def run_quotas(args: argparse.Namespace) -> int:
 
 def _quota_ops(args: argparse.Namespace) -> list[tuple[str, float | None]]:
     """(key, value; None removes) for ``quotas set`` / ``quotas delete``."""
-    from pidgate.protocol.client_quotas import PRODUCER_IDS_OBSERVE, PRODUCER_IDS_RATE
+    from pidgate.protocol.client_quotas.entities import PRODUCER_IDS_OBSERVE, PRODUCER_IDS_RATE
 
     if args.quotas_action == "delete":
         ops: list[tuple[str, float | None]] = [(PRODUCER_IDS_OBSERVE, None)] if args.mode else []

@@ -11,7 +11,7 @@ from collections import Counter
 
 from kafka.protocol.consumer.fetch import FetchResponse
 
-from pidgate.protocol.produce import BatchHeader, iter_batch_headers
+from pidgate.protocol.record_batches import BatchHeader, iter_batch_headers
 
 _FETCH_V4_MAX_BYTES = 64 * 1024 * 1024
 

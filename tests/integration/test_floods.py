@@ -53,7 +53,7 @@ import pytest
 
 from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, free_port
 from pidgate.quota.bloom import bits_per_item_at
-from pidgate.quota.layered import LayerPlan
+from pidgate.quota.layer_plan import LayerPlan
 from tests.integration.broker_log import fetch_batch_headers, producer_ids_in_log
 from tests.integration.figures import open_fd_count, record_figures, rss_bytes
 from tests.integration.helpers import (

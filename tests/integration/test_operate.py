@@ -34,8 +34,8 @@ from pidgate.protocol.produce import ProduceRequestSummary, parse_produce_reques
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.quota_control import room as server_module
 from pidgate.proxy.quota_control.admission import Admitted, ProduceContext, Rejected
-from pidgate.quota.persistence import load_state
 from pidgate.quota.policy import QuotaPolicy
+from pidgate.quota.state.load import load_state
 from tests.integration.conftest import anonymous_quota, proxy_settings
 from tests.integration.helpers import (
     REJECTED_DEFAULT,

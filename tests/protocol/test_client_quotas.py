@@ -18,7 +18,14 @@ from kafka.protocol.admin.client_quotas import (
     DescribeClientQuotasResponse,
 )
 
-from pidgate.protocol.client_quotas import (
+from pidgate.protocol.client_quotas.alter import (
+    AlterPlan,
+    changes_to_apply,
+    encode_alter_response,
+    split_alter_request,
+)
+from pidgate.protocol.client_quotas.describe import encode_describe_response, split_describe_request
+from pidgate.protocol.client_quotas.entities import (
     INVALID_REQUEST,
     MATCH_ANY,
     MATCH_DEFAULT,
@@ -26,14 +33,8 @@ from pidgate.protocol.client_quotas import (
     PRODUCER_IDS_RATE,
     UNKNOWN_SERVER_ERROR,
     UNSUPPORTED_VERSION,
-    AlterPlan,
     QuotaChange,
     QuotaEntity,
-    changes_to_apply,
-    encode_alter_response,
-    encode_describe_response,
-    split_alter_request,
-    split_describe_request,
     validate_producer_ids_rate,
 )
 from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError

@@ -15,15 +15,14 @@ from pidgate.protocol.errors import MalformedMessageError, ProtocolError, Unsupp
 from pidgate.protocol.headers import parse_response_header
 from pidgate.protocol.produce import (
     SUPPORTED_PRODUCE_VERSIONS,
-    BatchHeader,
     PartitionProduce,
     ProduceRequestSummary,
     TopicProduce,
     encode_produce_rejection,
-    iter_batch_headers,
     parse_produce_request,
     produce_acks_and_producer_ids,
 )
+from pidgate.protocol.record_batches import BatchHeader, iter_batch_headers
 
 from .kafka_builders import (
     BatchSpec,

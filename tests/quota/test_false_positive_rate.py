@@ -14,7 +14,8 @@ import math
 import random
 
 from pidgate.quota.bloom import rate_at_capacity
-from pidgate.quota.layered import LayeredBloomFilter, LayerPlan
+from pidgate.quota.layer_plan import LayerPlan
+from pidgate.quota.layered import LayeredBloomFilter
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy
 
 P = 0.001

@@ -12,7 +12,9 @@ import pytest
 
 from pidgate.quota import Admitted, QuotaManager, QuotaPolicy, Rejected
 from pidgate.quota.grandfather import FRONTIER, LEARNING, OFF, PENDING, Enforcement
-from pidgate.quota.persistence import decode_state, dump_state, load_state
+from pidgate.quota.state.decode import decode_state
+from pidgate.quota.state.encode import dump_state
+from pidgate.quota.state.load import load_state
 
 WINDOW_MS = 11_000  # 11 layers of 1 s: default grace = 1 s
 T0 = 1_700_000_000_000

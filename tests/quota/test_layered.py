@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pidgate.quota.bloom import BloomFilter, BloomShape, bloom_positions
-from pidgate.quota.layered import ABSENT, STALE, LayeredBloomFilter, LayerPlan, LayerState
+from pidgate.quota.layer_plan import LayerPlan
+from pidgate.quota.layered import ABSENT, STALE, LayeredBloomFilter, LayerState
 
 W = 10_000  # window_ms
 N = 10  # window_num → a layer is current for 1000 ms, fresh for 5000 ms

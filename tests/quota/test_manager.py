@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pidgate.quota.layered import LayerPlan
+from pidgate.quota.layer_plan import LayerPlan
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
 from tests.steps import run_counting_steps
 

@@ -24,22 +24,18 @@ from pidgate.quota import (
     Rejected,
 )
 from pidgate.quota.layered import LayerState
-from pidgate.quota.manager import PrincipalRecord
-from pidgate.quota.persistence import (
-    DEFAULT_USER,
+from pidgate.quota.principal_table import PrincipalRecord
+from pidgate.quota.state.decode import decode_state
+from pidgate.quota.state.encode import assemble_state, dump_state, encode_principals, encode_state
+from pidgate.quota.state.format import (
     FORMAT_VERSION,
     MAGIC,
-    QuotaOverrides,
     StateFormatError,
     StateSnapshot,
     UnsupportedStateVersion,
-    assemble_state,
-    decode_state,
-    dump_state,
-    encode_principals,
-    encode_state,
-    load_state,
 )
+from pidgate.quota.state.load import load_state
+from pidgate.quota.state.run_time_overrides import DEFAULT_USER, QuotaOverrides
 
 W = 60_000  # window_ms
 T0 = 1_700_000_000_000  # wall-clock ms

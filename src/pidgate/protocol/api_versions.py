@@ -27,7 +27,7 @@ from pidgate.protocol._wire import (
     skip_tagged_fields,
     write_uvarint,
 )
-from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError
+from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError, unsupported_version
 from pidgate.protocol.headers import KNOWN_API_VERSIONS
 from pidgate.protocol.sasl import SASL_AUTHENTICATE_VERSIONS, SASL_HANDSHAKE_VERSIONS
 
@@ -44,11 +44,7 @@ class ClientSoftware:
 
 def _check_version(api_version: int) -> None:
     if not 0 <= api_version <= KNOWN_API_VERSIONS[API_VERSIONS_KEY][1]:
-        raise UnsupportedApiError(
-            f"ApiVersions (api key 18) version {api_version} is not supported",
-            api_key=API_VERSIONS_KEY,
-            api_version=api_version,
-        )
+        raise unsupported_version("ApiVersions", API_VERSIONS_KEY, api_version)
 
 
 def parse_api_versions_request(
@@ -92,47 +88,24 @@ def narrow_api_versions_response(
     response is returned unchanged: on UNSUPPORTED_VERSION the broker encodes the body as v0 so
     that any client can read it (KIP-511), whatever version was asked for.
     """
-    _check_version(api_version)
-    buf = as_memoryview(body)
-    try:
-        need(buf, 0, 2, "ApiVersions response error_code")
-        if I16.unpack_from(buf, 0)[0] != 0:
-            return bytes(buf)
-        flexible = api_version >= FIRST_FLEXIBLE_API_VERSIONS_VERSION
-        count, pos = read_array_len(buf, 2, flexible, "api_keys")
-        local = dict(answered_locally or {})
-        kept: list[bytes] = []
-        for _ in range(count):
-            need(buf, pos, _ENTRY.size, "api_keys entry")
-            api_key, min_version, max_version = _ENTRY.unpack_from(buf, pos)
-            entry_end = pos + _ENTRY.size
-            if flexible:
-                entry_end = skip_tagged_fields(buf, entry_end)
-            limit = limits.get(api_key)
-            if api_key in local:
-                own = local.pop(api_key)
-                limit = (max(own[0], limit[0]), min(own[1], limit[1])) if limit else own
-            if limit is None and drop is not None and api_key not in drop:
-                kept.append(bytes(buf[pos:entry_end]))  # forwarded untouched: as advertised
-            elif limit is not None:
-                lo = max(min_version, limit[0])
-                hi = min(max_version, limit[1])
-                if lo <= hi:
-                    kept.append(
-                        _ENTRY.pack(api_key, lo, hi) + bytes(buf[pos + _ENTRY.size : entry_end])
-                    )
-            pos = entry_end
-        # Validate (but copy verbatim) the rest: throttle_time_ms (v1+), tagged fields (v3+).
-        tail_end = pos
-        if api_version >= 1:
-            need(buf, tail_end, 4, "throttle_time_ms")
-            tail_end += 4
-        if flexible:
-            tail_end = skip_tagged_fields(buf, tail_end)
-    except (struct.error, IndexError) as exc:
-        raise MalformedMessageError(
-            f"malformed ApiVersions v{api_version} response: {exc}"
-        ) from None
+    response = _read_api_keys(body, api_version, check_tail=True)
+    if response is None:
+        return bytes(body)
+    buf, flexible, entries, pos = response
+    local = dict(answered_locally or {})
+    kept: list[bytes] = []
+    for api_key, min_version, max_version, start, end in entries:
+        limit = limits.get(api_key)
+        if api_key in local:
+            own = local.pop(api_key)
+            limit = (max(own[0], limit[0]), min(own[1], limit[1])) if limit else own
+        if limit is None and drop is not None and api_key not in drop:
+            kept.append(bytes(buf[start:end]))  # forwarded untouched: as advertised
+        elif limit is not None:
+            lo = max(min_version, limit[0])
+            hi = min(max_version, limit[1])
+            if lo <= hi:
+                kept.append(_ENTRY.pack(api_key, lo, hi) + bytes(buf[start + _ENTRY.size : end]))
     no_tags = b"\x00" if flexible else b""
     kept += [_ENTRY.pack(key, lo, hi) + no_tags for key, (lo, hi) in sorted(local.items())]
     count_bytes = write_uvarint(len(kept) + 1) if flexible else I32.pack(len(kept))
@@ -143,27 +116,51 @@ def broker_api_versions(
     body: bytes | bytearray | memoryview, api_version: int
 ) -> dict[int, tuple[int, int]]:
     """The api keys and version ranges the broker itself advertised (empty on an error)."""
+    response = _read_api_keys(body, api_version, check_tail=False)
+    if response is None:
+        return {}
+    return {api_key: (lo, hi) for api_key, lo, hi, _, _ in response[2]}
+
+
+_Entry = tuple[int, int, int, int, int]
+"""One api_keys entry: api_key, min_version, max_version, its start and end offsets."""
+
+
+def _read_api_keys(
+    body: bytes | bytearray | memoryview, api_version: int, *, check_tail: bool
+) -> tuple[memoryview, bool, list[_Entry], int] | None:
+    """(body, flexible, entries, offset after the api_keys array) of an ApiVersions response;
+    None for an error response. ``check_tail``: also validate what follows the array
+    (throttle_time_ms from v1, tagged fields from v3)."""
     _check_version(api_version)
     buf = as_memoryview(body)
     try:
         need(buf, 0, 2, "ApiVersions response error_code")
         if I16.unpack_from(buf, 0)[0] != 0:
-            return {}
+            return None
         flexible = api_version >= FIRST_FLEXIBLE_API_VERSIONS_VERSION
         count, pos = read_array_len(buf, 2, flexible, "api_keys")
-        versions: dict[int, tuple[int, int]] = {}
+        entries: list[_Entry] = []
         for _ in range(count):
             need(buf, pos, _ENTRY.size, "api_keys entry")
             api_key, min_version, max_version = _ENTRY.unpack_from(buf, pos)
-            versions[api_key] = (min_version, max_version)
-            pos += _ENTRY.size
+            end = pos + _ENTRY.size
             if flexible:
-                pos = skip_tagged_fields(buf, pos)
+                end = skip_tagged_fields(buf, end)
+            entries.append((api_key, min_version, max_version, pos, end))
+            pos = end
+        if check_tail:
+            tail_end = pos
+            if api_version >= 1:
+                need(buf, tail_end, 4, "throttle_time_ms")
+                tail_end += 4
+            if flexible:
+                skip_tagged_fields(buf, tail_end)
     except (struct.error, IndexError) as exc:
         raise MalformedMessageError(
             f"malformed ApiVersions v{api_version} response: {exc}"
         ) from None
-    return versions
+    return buf, flexible, entries, pos
 
 
 #: ShareFetch (78) and ShareAcknowledge (79) responses carry broker endpoints (node_endpoints,

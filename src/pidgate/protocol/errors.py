@@ -51,3 +51,14 @@ class UnsupportedApiError(ProtocolError):
         self.api_version = api_version
         self.correlation_id = correlation_id
         super().__init__(message)
+
+
+def unsupported_version(
+    api_name: str, api_key: int, api_version: int, handled: range | None = None
+) -> UnsupportedApiError:
+    """The error for an ``api_name`` request or response in a version pidgate cannot read,
+    naming the versions it ``handled`` when given."""
+    message = f"{api_name} (api key {api_key}) version {api_version} is not supported"
+    if handled is not None:
+        message += f"; pidgate handles v{handled.start}..v{handled.stop - 1}"
+    return UnsupportedApiError(message, api_key=api_key, api_version=api_version)

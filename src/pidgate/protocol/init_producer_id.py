@@ -14,7 +14,9 @@ pidgate package.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pidgate.protocol._wire import (
     I16,
@@ -26,7 +28,7 @@ from pidgate.protocol._wire import (
     read_nullable_string,
     skip_tagged_fields,
 )
-from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError
+from pidgate.protocol.errors import MalformedMessageError, unsupported_version
 
 __all__ = [
     "FIRST_FLEXIBLE_INIT_PRODUCER_ID_VERSION",
@@ -82,12 +84,8 @@ class InitProducerIdResponseSummary:
 
 def _check_version(api_version: int) -> None:
     if api_version not in SUPPORTED_INIT_PRODUCER_ID_VERSIONS:
-        last = SUPPORTED_INIT_PRODUCER_ID_VERSIONS.stop - 1
-        raise UnsupportedApiError(
-            f"InitProducerId (api key {INIT_PRODUCER_ID_KEY}) version {api_version} is not "
-            f"supported; pidgate handles v0..v{last}",
-            api_key=INIT_PRODUCER_ID_KEY,
-            api_version=api_version,
+        raise unsupported_version(
+            "InitProducerId", INIT_PRODUCER_ID_KEY, api_version, SUPPORTED_INIT_PRODUCER_ID_VERSIONS
         )
 
 
@@ -113,39 +111,56 @@ def _finish(buf: memoryview, pos: int, flexible: bool, what: str) -> None:
         )
 
 
+_T = TypeVar("_T")
+
+
+def _walk(
+    body: bytes | bytearray | memoryview,
+    api_version: int,
+    kind: str,
+    read: Callable[[memoryview, int, bool], tuple[_T, int]],
+) -> _T:
+    """``read`` the body as exactly one well-formed ``kind`` ("request" or "response"):
+    trailing bytes refused, every failure as MalformedMessageError."""
+    _check_version(api_version)
+    buf = as_memoryview(body)
+    flexible = api_version >= FIRST_FLEXIBLE_INIT_PRODUCER_ID_VERSION
+    what = f"InitProducerId v{api_version} {kind}"
+    try:
+        summary, pos = read(buf, api_version, flexible)
+        _finish(buf, pos, flexible, what)
+    except (MalformedMessageError, struct.error, IndexError, ValueError) as exc:
+        raise MalformedMessageError(f"malformed {what} ({len(buf)} bytes): {exc}") from None
+    return summary
+
+
 def parse_init_producer_id_request(
     body: bytes | bytearray | memoryview, api_version: int
 ) -> InitProducerIdRequestSummary:
     """Walk an InitProducerIdRequest body (the payload after the request header)."""
-    _check_version(api_version)
-    buf = as_memoryview(body)
-    flexible = api_version >= FIRST_FLEXIBLE_INIT_PRODUCER_ID_VERSION
-    what = f"InitProducerId v{api_version} request"
-    try:
-        if flexible:
-            transactional_id, pos = read_compact_nullable_string(buf, 0, "transactional_id")
-        else:
-            transactional_id, pos = read_nullable_string(buf, 0, "transactional_id")
-        timeout_ms, pos = _read(I32, buf, pos, "transaction_timeout_ms")
-        producer_id = producer_epoch = -1
-        if api_version >= _FIRST_RESUMING_VERSION:
-            producer_id, pos = _read(I64, buf, pos, "producer_id")
-            producer_epoch, pos = _read(I16, buf, pos, "producer_epoch")
-        enable_2pc = keep_prepared_txn = False
-        if api_version >= _FIRST_2PC_VERSION:
-            enable_2pc, pos = _read_bool(buf, pos, "enable_2pc")
-            keep_prepared_txn, pos = _read_bool(buf, pos, "keep_prepared_txn")
-        _finish(buf, pos, flexible, what)
-    except (MalformedMessageError, struct.error, IndexError, ValueError) as exc:
-        raise MalformedMessageError(f"malformed {what} ({len(buf)} bytes): {exc}") from None
-    return InitProducerIdRequestSummary(
-        transactional_id=transactional_id,
-        transaction_timeout_ms=timeout_ms,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        enable_2pc=enable_2pc,
-        keep_prepared_txn=keep_prepared_txn,
+    return _walk(body, api_version, "request", _read_request)
+
+
+def _read_request(
+    buf: memoryview, api_version: int, flexible: bool
+) -> tuple[InitProducerIdRequestSummary, int]:
+    if flexible:
+        transactional_id, pos = read_compact_nullable_string(buf, 0, "transactional_id")
+    else:
+        transactional_id, pos = read_nullable_string(buf, 0, "transactional_id")
+    timeout_ms, pos = _read(I32, buf, pos, "transaction_timeout_ms")
+    producer_id = producer_epoch = -1
+    if api_version >= _FIRST_RESUMING_VERSION:
+        producer_id, pos = _read(I64, buf, pos, "producer_id")
+        producer_epoch, pos = _read(I16, buf, pos, "producer_epoch")
+    enable_2pc = keep_prepared_txn = False
+    if api_version >= _FIRST_2PC_VERSION:
+        enable_2pc, pos = _read_bool(buf, pos, "enable_2pc")
+        keep_prepared_txn, pos = _read_bool(buf, pos, "keep_prepared_txn")
+    summary = InitProducerIdRequestSummary(
+        transactional_id, timeout_ms, producer_id, producer_epoch, enable_2pc, keep_prepared_txn
     )
+    return summary, pos
 
 
 def parse_init_producer_id_response(
@@ -153,27 +168,21 @@ def parse_init_producer_id_response(
 ) -> InitProducerIdResponseSummary:
     """Walk an InitProducerIdResponse body (the payload after the response header; the
     response header is v1 for flexible versions, v0 otherwise)."""
-    _check_version(api_version)
-    buf = as_memoryview(body)
-    flexible = api_version >= FIRST_FLEXIBLE_INIT_PRODUCER_ID_VERSION
-    what = f"InitProducerId v{api_version} response"
-    try:
-        throttle_time_ms, pos = _read(I32, buf, 0, "throttle_time_ms")
-        error_code, pos = _read(I16, buf, pos, "error_code")
-        producer_id, pos = _read(I64, buf, pos, "producer_id")
-        producer_epoch, pos = _read(I16, buf, pos, "producer_epoch")
-        ongoing_id = ongoing_epoch = -1
-        if api_version >= _FIRST_2PC_VERSION:
-            ongoing_id, pos = _read(I64, buf, pos, "ongoing_txn_producer_id")
-            ongoing_epoch, pos = _read(I16, buf, pos, "ongoing_txn_producer_epoch")
-        _finish(buf, pos, flexible, what)
-    except (MalformedMessageError, struct.error, IndexError, ValueError) as exc:
-        raise MalformedMessageError(f"malformed {what} ({len(buf)} bytes): {exc}") from None
-    return InitProducerIdResponseSummary(
-        throttle_time_ms=throttle_time_ms,
-        error_code=error_code,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        ongoing_txn_producer_id=ongoing_id,
-        ongoing_txn_producer_epoch=ongoing_epoch,
+    return _walk(body, api_version, "response", _read_response)
+
+
+def _read_response(
+    buf: memoryview, api_version: int, flexible: bool
+) -> tuple[InitProducerIdResponseSummary, int]:
+    throttle_time_ms, pos = _read(I32, buf, 0, "throttle_time_ms")
+    error_code, pos = _read(I16, buf, pos, "error_code")
+    producer_id, pos = _read(I64, buf, pos, "producer_id")
+    producer_epoch, pos = _read(I16, buf, pos, "producer_epoch")
+    ongoing_id = ongoing_epoch = -1
+    if api_version >= _FIRST_2PC_VERSION:
+        ongoing_id, pos = _read(I64, buf, pos, "ongoing_txn_producer_id")
+        ongoing_epoch, pos = _read(I16, buf, pos, "ongoing_txn_producer_epoch")
+    summary = InitProducerIdResponseSummary(
+        throttle_time_ms, error_code, producer_id, producer_epoch, ongoing_id, ongoing_epoch
     )
+    return summary, pos

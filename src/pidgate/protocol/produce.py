@@ -1,11 +1,11 @@
 """The Produce hot path: a hand-written walk of ProduceRequest bodies and locally built rejections.
 
 Owns ``parse_produce_request`` (topics, partitions and the *header* of every record batch, read
-with ``struct.unpack_from`` over a ``memoryview``: records are never copied or decompressed),
-``iter_batch_headers`` and ``encode_produce_rejection``. kafka-python is deliberately not used
-here (its full decode costs 12-100 µs per request; this walk about 2 µs); it is the reference in
-the parity tests. Must not import: asyncio, socket, time, logging, structlog, prometheus_client,
-or any other pidgate package.
+by :mod:`pidgate.protocol.record_batches`: records are never copied or decompressed),
+``produce_acks_and_producer_ids`` (the per-request walk) and ``encode_produce_rejection``.
+kafka-python is deliberately not used here (its full decode costs 12-100 µs per request; this
+walk about 2 µs); it is the reference in the parity tests. Must not import: asyncio, socket,
+time, logging, structlog, prometheus_client, or any other pidgate package.
 """
 
 from __future__ import annotations
@@ -28,9 +28,20 @@ from pidgate.protocol._wire import (
     skip_tagged_fields,
     write_uvarint,
 )
-from pidgate.protocol.errors import MalformedMessageError, UnsupportedApiError
+from pidgate.protocol.errors import MalformedMessageError, unsupported_version
 from pidgate.protocol.framing import frame
 from pidgate.protocol.headers import encode_response_header
+from pidgate.protocol.record_batches import (
+    BATCH_V2_HEADER_BYTES,
+    BATCH_V2_PRODUCER_ID_OFFSET,
+    LOG_OVERHEAD_BYTES,
+    MAGIC_OFFSET,
+    MIN_BATCH_V2_LENGTH,
+    BatchHeader,
+    batch_headers,
+    batch_too_short,
+    batch_truncated,
+)
 
 PRODUCE_KEY = 0
 SUPPORTED_PRODUCE_VERSIONS = range(3, 14)
@@ -38,145 +49,6 @@ SUPPORTED_PRODUCE_VERSIONS = range(3, 14)
 is the newest in Kafka's schemas. Kafka 4.0 removed v0-v2 (KIP-896)."""
 FIRST_FLEXIBLE_PRODUCE_VERSION = 9  # KIP-482 compact encoding + tagged fields
 FIRST_TOPIC_ID_PRODUCE_VERSION = 13  # KIP-516: topic_id (uuid) replaces the topic name
-
-# RecordBatch v2 header (KIP-98), offsets from the batch start: base_offset 0, batch_length 8,
-# partition_leader_epoch 12, magic 16, crc 17, attributes 21, last_offset_delta 23,
-# base_timestamp 27, max_timestamp 35, producer_id 43, producer_epoch 51, base_sequence 53,
-# records_count 57, records 61.
-_BATCH_V2 = struct.Struct(">qiibIhiqqqhii")
-BATCH_V2_HEADER_BYTES = _BATCH_V2.size  # 61
-# Legacy message set entry (magic 0/1): offset int64, message_size int32, crc uint32, magic int8,
-# attributes int8, then (magic 1 only) timestamp int64.
-_LEGACY = struct.Struct(">qiIbb")
-LOG_OVERHEAD_BYTES = 12  # base_offset + batch_length: every batch occupies 12 + batch_length
-_MAGIC_OFFSET = 16
-# Smallest legal batch_length per magic: a v2 header without records (61 - 12); a legacy message
-# with null key and value: crc 4 + magic 1 + attributes 1 (+ timestamp 8) + key 4 + value 4.
-_MIN_BATCH_LENGTH = {0: 14, 1: 22, 2: BATCH_V2_HEADER_BYTES - LOG_OVERHEAD_BYTES}
-
-_TRANSACTIONAL_FLAG = 0x10
-_CONTROL_FLAG = 0x20
-
-
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """Header fields of one record batch. For magic 0/1 message sets the v2-only fields are
-    -1 (producer_id, producer_epoch, base_sequence, records_count: unknown without
-    decompressing) or 0 (last_offset_delta); timestamps are the message's (v1) or -1 (v0)."""
-
-    base_offset: int
-    batch_length: int
-    magic: int
-    attributes: int
-    last_offset_delta: int
-    base_timestamp: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    records_count: int
-
-    @property
-    def is_transactional(self) -> bool:
-        return self.magic >= 2 and bool(self.attributes & _TRANSACTIONAL_FLAG)
-
-    @property
-    def is_control(self) -> bool:
-        return self.magic >= 2 and bool(self.attributes & _CONTROL_FLAG)
-
-    @property
-    def compression_type(self) -> int:
-        return self.attributes & 0x07
-
-
-def iter_batch_headers(
-    records: bytes | bytearray | memoryview, *, allow_partial_tail: bool = False
-) -> Iterator[BatchHeader]:
-    """Yield the header of every batch in a records blob (batches back to back).
-
-    A trailing partial batch (brokers may cut one off in fetch responses) ends the walk silently
-    when ``allow_partial_tail`` is set, otherwise raises MalformedMessageError.
-    """
-    buf = as_memoryview(records)
-    try:
-        batches = _batch_headers(buf, 0, len(buf), allow_partial_tail)
-    except (struct.error, IndexError) as exc:
-        raise MalformedMessageError(f"malformed record batches: {exc}") from None
-    return iter(batches)
-
-
-def _batch_headers(
-    buf: memoryview, pos: int, end: int, allow_partial_tail: bool
-) -> tuple[BatchHeader, ...]:
-    """Batch headers of buf[pos:end]; a plain loop (no generator) since this is the hot path."""
-    out: list[BatchHeader] = []
-    unpack_v2 = _BATCH_V2.unpack_from
-    while pos < end:
-        remaining = end - pos
-        if remaining < _MAGIC_OFFSET + 1:
-            if allow_partial_tail:
-                break
-            raise MalformedMessageError(
-                f"truncated record batch header at offset {pos}: {remaining} bytes left"
-            )
-        magic = buf[pos + _MAGIC_OFFSET]
-        if magic == 2 and remaining >= BATCH_V2_HEADER_BYTES:
-            fields = unpack_v2(buf, pos)
-            batch_length = fields[1]
-            if batch_length < BATCH_V2_HEADER_BYTES - LOG_OVERHEAD_BYTES:
-                raise MalformedMessageError(
-                    f"record batch at offset {pos} has batch_length {batch_length}, "
-                    f"below the minimum {BATCH_V2_HEADER_BYTES - LOG_OVERHEAD_BYTES} for magic 2"
-                )
-            total = LOG_OVERHEAD_BYTES + batch_length
-            if total > remaining:
-                if allow_partial_tail:
-                    break
-                raise MalformedMessageError(
-                    f"truncated record batch at offset {pos}: batch needs {total} bytes, "
-                    f"{remaining} left"
-                )
-            # fields: base_offset, batch_length, leader_epoch, magic, crc, attributes,
-            # last_offset_delta, base_timestamp, max_timestamp, pid, epoch, sequence, count
-            out.append(_batch_v2(fields))
-            pos += total
-            continue
-        batch_length = I32.unpack_from(buf, pos + 8)[0]
-        min_length = _MIN_BATCH_LENGTH.get(magic)
-        if min_length is None:
-            raise MalformedMessageError(f"unknown record batch magic {magic} at offset {pos}")
-        if batch_length < min_length:
-            raise MalformedMessageError(
-                f"record batch at offset {pos} has batch_length {batch_length}, "
-                f"below the minimum {min_length} for magic {magic}"
-            )
-        total = LOG_OVERHEAD_BYTES + batch_length
-        if total > remaining:
-            if allow_partial_tail:
-                break
-            raise MalformedMessageError(
-                f"truncated record batch at offset {pos}: batch needs {total} bytes, "
-                f"{remaining} left"
-            )
-        base_offset, _, _crc, _, attributes = _LEGACY.unpack_from(buf, pos)
-        timestamp = I64.unpack_from(buf, pos + _LEGACY.size)[0] if magic == 1 else -1
-        out.append(
-            BatchHeader(
-                base_offset,
-                batch_length,
-                magic,
-                attributes,
-                0,
-                timestamp,
-                timestamp,
-                -1,
-                -1,
-                -1,
-                -1,
-            )
-        )
-        pos += total
-    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,39 +102,7 @@ class ProduceRequestSummary:
 
 
 # -- fast constructors for the hot path -------------------------------------------------------
-# A frozen dataclass's __init__ sets every field through object.__setattr__ (one generic call
-# per field); writing the slots through their member descriptors builds an identical, equally
-# frozen instance at about half the cost. Used only by the walk below; equality, hashing, repr
-# and immutability are the dataclasses' own.
-_new_batch = BatchHeader.__new__
-(
-    _b_base_offset,
-    _b_batch_length,
-    _b_magic,
-    _b_attributes,
-    _b_last_offset_delta,
-    _b_base_timestamp,
-    _b_max_timestamp,
-    _b_producer_id,
-    _b_producer_epoch,
-    _b_base_sequence,
-    _b_records_count,
-) = (
-    BatchHeader.__dict__[name].__set__
-    for name in (
-        "base_offset",
-        "batch_length",
-        "magic",
-        "attributes",
-        "last_offset_delta",
-        "base_timestamp",
-        "max_timestamp",
-        "producer_id",
-        "producer_epoch",
-        "base_sequence",
-        "records_count",
-    )
-)
+# Built as record_batches builds BatchHeader: the slots written through their member descriptors.
 _new_partition = PartitionProduce.__new__
 _p_index = PartitionProduce.__dict__["index"].__set__
 _p_batches = PartitionProduce.__dict__["batches"].__set__
@@ -270,23 +110,6 @@ _new_topic = TopicProduce.__new__
 _t_name = TopicProduce.__dict__["name"].__set__
 _t_topic_id = TopicProduce.__dict__["topic_id"].__set__
 _t_partitions = TopicProduce.__dict__["partitions"].__set__
-
-
-def _batch_v2(fields: tuple[int, ...]) -> BatchHeader:
-    """BatchHeader of an unpacked ``_BATCH_V2`` tuple (same instance the dataclass would make)."""
-    b = _new_batch(BatchHeader)
-    _b_base_offset(b, fields[0])
-    _b_batch_length(b, fields[1])
-    _b_magic(b, 2)
-    _b_attributes(b, fields[5])
-    _b_last_offset_delta(b, fields[6])
-    _b_base_timestamp(b, fields[7])
-    _b_max_timestamp(b, fields[8])
-    _b_producer_id(b, fields[9])
-    _b_producer_epoch(b, fields[10])
-    _b_base_sequence(b, fields[11])
-    _b_records_count(b, fields[12])
-    return b
 
 
 def _partition(index: int, batches: tuple[BatchHeader, ...]) -> PartitionProduce:
@@ -308,12 +131,13 @@ def _topic(
 
 def _check_version(api_version: int) -> None:
     if api_version not in SUPPORTED_PRODUCE_VERSIONS:
-        raise UnsupportedApiError(
-            f"Produce (api key 0) version {api_version} is not supported; pidgate handles "
-            f"v{SUPPORTED_PRODUCE_VERSIONS.start}..v{SUPPORTED_PRODUCE_VERSIONS.stop - 1}",
-            api_key=PRODUCE_KEY,
-            api_version=api_version,
-        )
+        raise unsupported_version("Produce", PRODUCE_KEY, api_version, SUPPORTED_PRODUCE_VERSIONS)
+
+
+def _malformed_request(api_version: int, buf: memoryview, exc: Exception) -> MalformedMessageError:
+    return MalformedMessageError(
+        f"malformed Produce v{api_version} request ({len(buf)} bytes): {exc}"
+    )
 
 
 def parse_produce_request(
@@ -325,9 +149,7 @@ def parse_produce_request(
     try:
         return _parse_produce(buf, api_version)
     except (struct.error, IndexError, ValueError) as exc:
-        raise MalformedMessageError(
-            f"malformed Produce v{api_version} request ({len(buf)} bytes): {exc}"
-        ) from None
+        raise _malformed_request(api_version, buf, exc) from None
 
 
 def _parse_produce(buf: memoryview, api_version: int) -> ProduceRequestSummary:
@@ -379,7 +201,7 @@ def _parse_produce(buf: memoryview, api_version: int) -> ProduceRequestSummary:
                         f"truncated Produce request: records of partition {index} need {size} "
                         f"bytes at offset {pos}, {end - pos} left"
                     )
-                batches = _batch_headers(buf, pos, pos + size, False)
+                batches = batch_headers(buf, pos, pos + size, False)
                 pos += size
             if flexible:
                 # Fast path: an empty tagged-field section is a single 0 byte.
@@ -413,12 +235,7 @@ def produce_acks_and_producer_ids(
     try:
         return _walk_producer_ids(buf, api_version)
     except (struct.error, IndexError, ValueError) as exc:
-        raise MalformedMessageError(
-            f"malformed Produce v{api_version} request ({len(buf)} bytes): {exc}"
-        ) from None
-
-
-_PRODUCER_ID_AT = 43  # RecordBatch v2
+        raise _malformed_request(api_version, buf, exc) from None
 
 
 def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[int, ...]]:
@@ -497,26 +314,19 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
                     )
                 while pos < stop:
                     remaining = stop - pos
-                    if remaining < BATCH_V2_HEADER_BYTES or buf[pos + _MAGIC_OFFSET] != 2:
+                    if remaining < BATCH_V2_HEADER_BYTES or buf[pos + MAGIC_OFFSET] != 2:
                         # Short or legacy batches: the full walk has every rule for them.
-                        for batch in _batch_headers(buf, pos, stop, False):
+                        for batch in batch_headers(buf, pos, stop, False):
                             if batch.producer_id != -1:
                                 producer_ids.append(batch.producer_id)
                         break
                     batch_length = unpack_i32(buf, pos + 8)[0]
-                    if batch_length < BATCH_V2_HEADER_BYTES - LOG_OVERHEAD_BYTES:
-                        raise MalformedMessageError(
-                            f"record batch at offset {pos} has batch_length {batch_length}, "
-                            f"below the minimum {BATCH_V2_HEADER_BYTES - LOG_OVERHEAD_BYTES} for "
-                            "magic 2"
-                        )
+                    if batch_length < MIN_BATCH_V2_LENGTH:
+                        raise batch_too_short(pos, batch_length, 2)
                     total = LOG_OVERHEAD_BYTES + batch_length
                     if total > remaining:
-                        raise MalformedMessageError(
-                            f"truncated record batch at offset {pos}: batch needs {total} bytes, "
-                            f"{remaining} left"
-                        )
-                    producer_id = unpack_i64(buf, pos + _PRODUCER_ID_AT)[0]
+                        raise batch_truncated(pos, total, remaining)
+                    producer_id = unpack_i64(buf, pos + BATCH_V2_PRODUCER_ID_OFFSET)[0]
                     if producer_id != -1:
                         producer_ids.append(producer_id)
                     pos += total

@@ -266,12 +266,7 @@ class SaslObserver:
             if flexible:
                 skip_tagged_fields(buf, pos)
         except (MalformedMessageError, struct.error, IndexError) as exc:
-            self._exchange = None
-            if isinstance(exc, MalformedMessageError):
-                raise
-            raise MalformedMessageError(
-                f"malformed SaslAuthenticate v{api_version} request"
-            ) from None
+            raise self._unreadable(exc, f"SaslAuthenticate v{api_version} request") from None
         ex = self._exchange
         if ex is None or ex.raw:
             # No v1 handshake before it: the broker answers ILLEGAL_SASL_STATE; nothing to learn.
@@ -303,12 +298,7 @@ class SaslObserver:
             if flexible:
                 skip_tagged_fields(buf, pos)
         except (MalformedMessageError, struct.error, IndexError) as exc:
-            self._exchange = None
-            if isinstance(exc, MalformedMessageError):
-                raise
-            raise MalformedMessageError(
-                f"malformed SaslAuthenticate v{api_version} response"
-            ) from None
+            raise self._unreadable(exc, f"SaslAuthenticate v{api_version} response") from None
         self._last_error_code = error_code
         ex = self._exchange
         if ex is None or ex.raw or not ex.accepted:
@@ -404,6 +394,14 @@ class SaslObserver:
         self._exchange = None
         return SaslOutcome.FAILED
 
+    def _unreadable(self, exc: Exception, what: str) -> MalformedMessageError:
+        """Give up the exchange on an unreadable ``what``: returns the error to raise (``exc``
+        itself when it already says what is wrong)."""
+        self._exchange = None
+        if isinstance(exc, MalformedMessageError):
+            return exc
+        return MalformedMessageError(f"malformed {what}")
+
 
 def _check_version(api_key: int, api_version: int, supported: tuple[int, int]) -> None:
     if not supported[0] <= api_version <= supported[1]:
@@ -415,15 +413,21 @@ def _check_version(api_key: int, api_version: int, supported: tuple[int, int]) -
         )
 
 
-def _read_bytes(buf: memoryview, pos: int, compact: bool, what: str) -> tuple[memoryview, int]:
-    """Kafka ``bytes``: int32 length, or uvarint length + 1 when flexible. Non-nullable here."""
+def _read_length(
+    buf: memoryview, pos: int, compact: bool, fixed: struct.Struct, what: str
+) -> tuple[int, int]:
+    """A length prefix: uvarint length + 1 when ``compact`` (flexible versions), else
+    ``fixed`` (int32 for bytes, int16 for strings); -1 is null."""
     if compact:
         n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        need(buf, pos, 4, what)
-        n = int(I32.unpack_from(buf, pos)[0])
-        pos += 4
+        return n - 1, pos
+    need(buf, pos, fixed.size, what)
+    return int(fixed.unpack_from(buf, pos)[0]), pos + fixed.size
+
+
+def _read_bytes(buf: memoryview, pos: int, compact: bool, what: str) -> tuple[memoryview, int]:
+    """Kafka ``bytes``: int32 length, or uvarint length + 1 when flexible. Non-nullable here."""
+    n, pos = _read_length(buf, pos, compact, I32, what)
     if n < 0:
         raise MalformedMessageError(f"invalid length {n} for {what}")
     need(buf, pos, n, what)
@@ -432,13 +436,7 @@ def _read_bytes(buf: memoryview, pos: int, compact: bool, what: str) -> tuple[me
 
 def _skip_nullable_string(buf: memoryview, pos: int, compact: bool) -> int:
     what = "SaslAuthenticate response error_message"
-    if compact:
-        n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        need(buf, pos, 2, what)
-        n = int(I16.unpack_from(buf, pos)[0])
-        pos += 2
+    n, pos = _read_length(buf, pos, compact, I16, what)
     if n < -1:
         raise MalformedMessageError(f"invalid length {n} for {what}")
     if n > 0:

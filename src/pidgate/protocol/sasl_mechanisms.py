@@ -100,12 +100,16 @@ def looks_like_scram_client_first(token: bytes | memoryview) -> bool:
     return head in (b"n,", b"y,", b"p=")
 
 
-def _gs2_header(text: str) -> tuple[str | None, str] | None:
-    """Split RFC 5802/7628's ``gs2-cbind-flag "," [authzid] ","`` off ``text``.
+def _gs2_header(token: bytes | memoryview) -> tuple[str | None, str] | None:
+    """Split RFC 5802/7628's ``gs2-cbind-flag "," [authzid] ","`` off the UTF-8 text of
+    ``token``.
 
-    Returns (authzid or None, rest), or None when the header is malformed (including a bad
-    authzid escape).
+    Returns (authzid or None, rest), or None when the token is not UTF-8 or the header is
+    malformed (including a bad authzid escape).
     """
+    text = _utf8(bytes(token))
+    if text is None:
+        return None
     flag, sep, rest = text.partition(",")
     if not sep or not (flag in ("n", "y") or flag.startswith("p=")):
         return None
@@ -129,10 +133,7 @@ def read_scram_client_first(token: bytes | memoryview) -> ClaimedIdentity:
     Requires ``,r=`` right after the name, as Kafka's ScramMessages regex does: kafka-python
     3.0 does not escape names, and its ``n=a,b=c,r=...`` must not read as user "a".
     """
-    text = _utf8(bytes(token))
-    if text is None:
-        return UNREADABLE
-    header = _gs2_header(text)
+    header = _gs2_header(token)
     if header is None:
         return UNREADABLE
     authzid, bare = header
@@ -164,10 +165,7 @@ def read_oauthbearer(token: bytes | memoryview, claim: str) -> ClaimedIdentity:
     """``gs2-header kvsep *(key=value kvsep) kvsep`` with ``auth=Bearer <jwt>``: the user is the
     JWT payload's ``claim`` (a non-blank string), decoded but NOT verified (the broker verifies
     the signature, expiry and scope; a name it rejects never takes effect)."""
-    text = _utf8(bytes(token))
-    if text is None:
-        return UNREADABLE
-    header = _gs2_header(text)
+    header = _gs2_header(token)
     if header is None:
         return UNREADABLE
     authzid, rest = header

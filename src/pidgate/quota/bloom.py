@@ -359,7 +359,7 @@ class BloomFilter:
     def to_bytes(self) -> bytes:
         """The bits, most significant bit first (bit ``i`` is bit ``7 - i % 8`` of byte
         ``i // 8``), ``ceil(bit_count / 8)`` bytes, unused trailing bits 0. Part of the persisted
-        format (see :mod:`pidgate.quota.persistence`); :meth:`from_bytes` reverses it."""
+        format (see :mod:`pidgate.quota.state`); :meth:`from_bytes` reverses it."""
         return self._bits.tobytes()
 
     @classmethod

@@ -95,7 +95,7 @@ class TokenBucket:
         by refill before anyone admits again: the fleet's long-run rate stays the quota, and
         the overshoot is the tokens spent within one lag (proxy/quota_control/fleet.py). Persisted
         as empty
-        (quota/persistence.py): a restart forgets at most that much debt."""
+        (quota/state/): a restart forgets at most that much debt."""
         current = self.refill(now_ms)
         level = max(-self.debt_limit_units, current.level - n * self.window_ms)
         return TokenBucket(current.rate, current.window_ms, level, current.updated_ms)

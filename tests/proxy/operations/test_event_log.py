@@ -19,12 +19,8 @@ from typing import Any
 
 import pytest
 
-from pidgate.protocol.produce import (
-    BatchHeader,
-    PartitionProduce,
-    ProduceRequestSummary,
-    TopicProduce,
-)
+from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
+from pidgate.protocol.record_batches import BatchHeader
 from pidgate.proxy.operations.event_log import EVENT_FIELDS, EventLog, _OpenFile, event_file_name
 from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected

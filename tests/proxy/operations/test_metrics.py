@@ -11,12 +11,8 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from pidgate.protocol.produce import (
-    BatchHeader,
-    PartitionProduce,
-    ProduceRequestSummary,
-    TopicProduce,
-)
+from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
+from pidgate.protocol.record_batches import BatchHeader
 from pidgate.proxy.operations.metrics import (
     LATENCY_BUCKETS_S,
     OTHER_USER,

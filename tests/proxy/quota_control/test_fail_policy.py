@@ -15,12 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pidgate.config import load_settings
-from pidgate.protocol.produce import (
-    BatchHeader,
-    PartitionProduce,
-    ProduceRequestSummary,
-    TopicProduce,
-)
+from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
+from pidgate.protocol.record_batches import BatchHeader
 from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext, QuotaFailurePolicy
 from pidgate.proxy.server import ProxyServer
 from pidgate.quota.manager import Decision, QuotaManager, Rejected

@@ -17,18 +17,12 @@ from kafka.protocol.admin.client_quotas import (
 
 from pidgate.cli import build_parser, serve_overrides
 from pidgate.config import load_settings
-from pidgate.protocol.client_quotas import (
-    ALTER_CLIENT_QUOTAS_KEY,
-    DESCRIBE_CLIENT_QUOTAS_KEY,
-    MATCH_ANY,
-)
+from pidgate.protocol.client_quotas.alter import ALTER_CLIENT_QUOTAS_KEY
+from pidgate.protocol.client_quotas.describe import DESCRIBE_CLIENT_QUOTAS_KEY
+from pidgate.protocol.client_quotas.entities import MATCH_ANY
 from pidgate.protocol.headers import parse_response_header
-from pidgate.protocol.produce import (
-    BatchHeader,
-    PartitionProduce,
-    ProduceRequestSummary,
-    TopicProduce,
-)
+from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
+from pidgate.protocol.record_batches import BatchHeader
 from pidgate.proxy.operations.metrics import ProxyMetrics
 from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext, WouldReject
 from pidgate.proxy.quota_control.quota_admin import QuotaAdmin

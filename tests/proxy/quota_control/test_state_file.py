@@ -18,7 +18,9 @@ from pidgate.proxy.quota_control.state_file import (
     write_state_atomically,
 )
 from pidgate.quota import QuotaManager, QuotaPolicy, Rejected
-from pidgate.quota.persistence import FORMAT_VERSION, MAGIC, QuotaOverrides, dump_state
+from pidgate.quota.state.encode import dump_state
+from pidgate.quota.state.format import FORMAT_VERSION, MAGIC
+from pidgate.quota.state.run_time_overrides import QuotaOverrides
 
 T0 = 1_700_000_000_000
 POLICY = QuotaPolicy(window_ms=60_000, window_num=6, default_producer_ids_rate=2)

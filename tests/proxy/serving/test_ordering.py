@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pidgate.protocol.produce import (
-    BatchHeader,
-    PartitionProduce,
-    ProduceRequestSummary,
-    TopicProduce,
-)
+from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
+from pidgate.protocol.record_batches import BatchHeader
 from pidgate.proxy.serving.ordering import SEQUENCE_MODULUS, ProduceOrderGuard, sequence_after
 
 Batch = tuple[str, int, int, int, int]  # topic, partition, pid, epoch, base_sequence

@@ -34,7 +34,7 @@ from pathlib import Path
 import crc32c
 
 from pidgate.protocol.errors import MalformedMessageError
-from pidgate.protocol.produce import (
+from pidgate.protocol.record_batches import (
     BATCH_V2_HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
     BatchHeader,

@@ -72,12 +72,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from pidgate.protocol.produce import (
-    BatchHeader,
-    PartitionProduce,
-    ProduceRequestSummary,
-    TopicProduce,
-)
+from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
+from pidgate.protocol.record_batches import BatchHeader
 from pidgate.proxy.logs import get_logger
 from pidgate.proxy.quota_control.admission import ProduceContext
 from pidgate.quota.manager import Admitted, Decision, Rejected

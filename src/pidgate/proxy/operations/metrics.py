@@ -37,8 +37,9 @@ from pidgate import __version__
 from pidgate.protocol.produce import ProduceRequestSummary
 from pidgate.proxy.quota_control.admission import ProduceContext
 from pidgate.proxy.quota_control.waiting_room import WaitingRoom
-from pidgate.quota.manager import Admitted, Decision, PrincipalState, QuotaManager, Rejected
+from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
 from pidgate.quota.policy import user_name
+from pidgate.quota.principal_table import PrincipalState
 
 _T = TypeVar("_T")
 

@@ -26,7 +26,7 @@ from kafka.protocol.admin.client_quotas import (
     DescribeClientQuotasRequest,
 )
 
-from pidgate.protocol.client_quotas import (
+from pidgate.protocol.client_quotas.entities import (
     MATCH_ANY,
     MATCH_DEFAULT,
     MATCH_EXACT,

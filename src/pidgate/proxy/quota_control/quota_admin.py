@@ -20,18 +20,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pidgate.config import DEFAULT_USER_ENTITY
-from pidgate.protocol.client_quotas import (
+from pidgate.protocol.client_quotas.alter import (
     ALTER_CLIENT_QUOTAS_KEY,
+    changes_to_apply,
+    encode_alter_response,
+    split_alter_request,
+)
+from pidgate.protocol.client_quotas.describe import (
     DESCRIBE_CLIENT_QUOTAS_KEY,
+    encode_describe_response,
+    split_describe_request,
+)
+from pidgate.protocol.client_quotas.entities import (
     PRODUCER_IDS_OBSERVE,
     PRODUCER_IDS_RATE,
     QuotaChange,
     QuotaEntity,
-    changes_to_apply,
-    encode_alter_response,
-    encode_describe_response,
-    split_alter_request,
-    split_describe_request,
 )
 from pidgate.protocol.framing import frame
 from pidgate.protocol.headers import parse_response_header

@@ -23,22 +23,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from pidgate.config import DEFAULT_USER_ENTITY, Settings
-from pidgate.protocol.client_quotas import PRODUCER_IDS_OBSERVE, QuotaChange
+from pidgate.protocol.client_quotas.entities import PRODUCER_IDS_OBSERVE, QuotaChange
 from pidgate.proxy.logs import get_logger
 from pidgate.proxy.quota_control.quota_admin import EffectiveQuotas, entity_key
 from pidgate.proxy.quota_control.state_file import load_or_start_clean, write_state_atomically
 from pidgate.quota.grandfather import Enforcement
 from pidgate.quota.manager import QuotaManager
-from pidgate.quota.persistence import (
-    QuotaOverrides,
-    StateSnapshot,
+from pidgate.quota.policy import ENFORCE, OBSERVE, QuotaPolicy, user_name
+from pidgate.quota.policy_from_rates import policy_from_rates
+from pidgate.quota.state.encode import (
     assemble_state,
     encode_principals,
     encode_state,
     snapshot_state,
 )
-from pidgate.quota.policy import ENFORCE, OBSERVE, QuotaPolicy, user_name
-from pidgate.quota.policy_from_rates import policy_from_rates
+from pidgate.quota.state.format import StateSnapshot
+from pidgate.quota.state.run_time_overrides import QuotaOverrides
 
 #: Called after overrides changed locally: (user key, rate or None). The shared store publishes.
 OverrideListener = Callable[[str, int | None], None]

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pidgate.config import Settings
-from pidgate.protocol.client_quotas import PRODUCER_IDS_RATE, QuotaChange
+from pidgate.protocol.client_quotas.entities import PRODUCER_IDS_RATE, QuotaChange
 from pidgate.proxy.logs import RateLimitedLog, get_logger
 from pidgate.proxy.quota_control.admission import quota_clock_ms
 from pidgate.proxy.quota_control.fleet import FleetError, FleetOutbox, FleetRecord, FleetSync

@@ -1,4 +1,4 @@
-"""The local state file: the quota state (:mod:`pidgate.quota.persistence`) written atomically,
+"""The local state file: the quota state (:mod:`pidgate.quota.state`) written atomically,
 read back at startup, and a clean start with a clear warning when it cannot be used.
 
 Owns the file's I/O and durability: write to a temporary file in the same directory, fsync it,
@@ -17,12 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pidgate.quota import QuotaManager, QuotaPolicy
-from pidgate.quota.persistence import (
-    LoadReport,
-    QuotaOverrides,
-    StateFormatError,
-    load_state,
-)
+from pidgate.quota.state.format import StateFormatError
+from pidgate.quota.state.load import LoadReport, load_state
+from pidgate.quota.state.run_time_overrides import QuotaOverrides
 
 __all__ = ["load_or_start_clean", "read_state", "write_state_atomically"]
 
@@ -98,7 +95,7 @@ def load_or_start_clean(
     path: Path, policy: QuotaPolicy, now_ms: int, log: Log
 ) -> tuple[QuotaManager, QuotaOverrides]:
     """The quota manager and run-time overrides saved in ``path``, fitted to ``policy`` at
-    ``now_ms`` (wall-clock ms; see :func:`pidgate.quota.persistence.load_state`, which also puts
+    ``now_ms`` (wall-clock ms; see :func:`pidgate.quota.state.load.load_state`, which also puts
     the overrides on top of ``policy``). Never fails on the file's account: if it is missing,
     unreadable, corrupt, truncated or from a newer format, logs a warning
     (``state_file_missing`` / ``state_file_unreadable`` / ``state_file_corrupt``, with ``path``
