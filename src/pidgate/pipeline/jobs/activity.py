@@ -135,45 +135,6 @@ def period_totals(
     return PeriodTotals(bad_lines, *(int(good[name] or 0) for name in named))
 
 
-def _observe_section(hourly: DataFrame, fates_pd: pd.DataFrame, limit: int = 48) -> Section:
-    """What enforcement would have done, from observe mode's ``would_reject`` events."""
-    per_hour: pd.DataFrame = (
-        hourly.filter(F.col("would_reject_requests") > 0)
-        .select(
-            "principal",
-            F.date_format("hour", "yyyy-MM-dd HH:mm").alias("hour (UTC)"),
-            F.col("would_reject_requests").alias("would-be rejected requests"),
-            F.col("would_reject_pids").alias("distinct PIDs they carried"),
-            F.col("demanded_pids").alias("PIDs that asked to be new"),
-        )
-        .orderBy("hour (UTC)", "principal")
-        .limit(limit + 1)
-        .toPandas()
-    )
-    fates = fates_pd[fates_pd["would_reject_pids"] > 0]
-    lines = [
-        "In observe mode pidgate decides every Produce request as it would when enforcing, "
-        "but forwards all of them; where it would have rejected one it logs a would_reject "
-        "event per PID. Counted here like rejections (and so in the storm rule), they show "
-        "what enforcement with the same quota would have done. The table lists them per "
-        "principal and UTC hour; hourly.parquet has would_reject_requests and "
-        "would_reject_pids for every hour."
-    ]
-    for row in fates.itertuples(index=False):
-        lines.append(
-            f"  {row.principal}: {int(row.would_reject_pids):,} PIDs would have been rejected "
-            f"at least once; {int(row.would_wait_pids):,} of them were admitted later (would "
-            f"have waited), {int(row.would_never_pids):,} never got a token in the period"
-        )
-    if len(per_hour) > limit:
-        lines.append(f"(first {limit} hours shown; all of them in hourly.parquet)")
-    return Section(
-        "What enforcement would have done (observe mode)",
-        "\n".join(lines),
-        per_hour.head(limit),
-    )
-
-
 @dataclass
 class ActivityReport:
     """What :func:`build_activity_report` computed: the report's sections, the DataFrames
@@ -401,6 +362,45 @@ def _rates_section(
         + "\n\nAs pidgate config:\n"
         + yaml_snippet(recommended, window_s),
         display_rates(rates_pd, percentile, window_s),
+    )
+
+
+def _observe_section(hourly: DataFrame, fates_pd: pd.DataFrame, limit: int = 48) -> Section:
+    """What enforcement would have done, from observe mode's ``would_reject`` events."""
+    per_hour: pd.DataFrame = (
+        hourly.filter(F.col("would_reject_requests") > 0)
+        .select(
+            "principal",
+            F.date_format("hour", "yyyy-MM-dd HH:mm").alias("hour (UTC)"),
+            F.col("would_reject_requests").alias("would-be rejected requests"),
+            F.col("would_reject_pids").alias("distinct PIDs they carried"),
+            F.col("demanded_pids").alias("PIDs that asked to be new"),
+        )
+        .orderBy("hour (UTC)", "principal")
+        .limit(limit + 1)
+        .toPandas()
+    )
+    fates = fates_pd[fates_pd["would_reject_pids"] > 0]
+    lines = [
+        "In observe mode pidgate decides every Produce request as it would when enforcing, "
+        "but forwards all of them; where it would have rejected one it logs a would_reject "
+        "event per PID. Counted here like rejections (and so in the storm rule), they show "
+        "what enforcement with the same quota would have done. The table lists them per "
+        "principal and UTC hour; hourly.parquet has would_reject_requests and "
+        "would_reject_pids for every hour."
+    ]
+    for row in fates.itertuples(index=False):
+        lines.append(
+            f"  {row.principal}: {int(row.would_reject_pids):,} PIDs would have been rejected "
+            f"at least once; {int(row.would_wait_pids):,} of them were admitted later (would "
+            f"have waited), {int(row.would_never_pids):,} never got a token in the period"
+        )
+    if len(per_hour) > limit:
+        lines.append(f"(first {limit} hours shown; all of them in hourly.parquet)")
+    return Section(
+        "What enforcement would have done (observe mode)",
+        "\n".join(lines),
+        per_hour.head(limit),
     )
 
 

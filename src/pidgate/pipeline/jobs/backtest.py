@@ -31,6 +31,9 @@ Limitations, stated in the report:
   without the retries it would cause; a looser candidate admits the first attempt and the
   recorded retries then carry known PIDs.
 * Each group is held in one executor's memory (pandas), plus the exact set.
+
+Imports pidgate's quota and config code (the replay) and the ``reading``, ``outputs`` and
+``spark`` rooms; must not import another job, nor ``pidgate.proxy``.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ Bad lines are what :func:`pidgate.pipeline.reading.events.read_events` drops, de
 (a line that is not a JSON object, a field of the wrong type, a missing ``ts_ms`` / ``event`` /
 ``principal``); blank lines are skipped, as Spark does. Only the fields the facts need are
 checked. Local files are read by the Python workers directly (split by byte ranges, ``.gz``
-whole); other URIs go through Spark's text reader. Imports pyarrow and pyspark, nothing of
-the proxy.
+whole); other URIs go through Spark's text reader. Imports pyarrow and pyspark; must not
+import a job, ``outputs``, ``spark`` or the proxy.
 """
 
 from __future__ import annotations

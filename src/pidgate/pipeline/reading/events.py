@@ -11,6 +11,8 @@ makes of a local path).
 Reading never fails on data: unknown fields are ignored, and a line that is not JSON, has a field
 of the wrong type or lacks ``ts_ms`` / ``event`` / ``principal`` is dropped and counted
 (:func:`read_events_checked`).
+
+Must not import a job, ``outputs`` or ``spark``: every other pipeline room imports ``reading``.
 """
 
 from __future__ import annotations
