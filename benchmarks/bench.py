@@ -19,7 +19,8 @@ through loopback and a third process on the cores), so ``pidgate/floor`` is pidg
 share. Medians over rounds and paired per-round ratios are printed,
 then one machine-parsable ``BENCH ...`` line. Everything started here is stopped by PID.
 
-No test imports this: it asserts nothing about speed, it only measures.
+No test imports this: it asserts nothing about speed, it only measures. It imports
+``small_requests.py`` (its rounds) and ``support/`` (the processes); nothing imports it.
 """
 
 # Report lines are long f-strings.
@@ -30,193 +31,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from support.processes import (
+    Broker,
+    Forwarder,
+    Pidgate,
+    TansuProxy,
+    machine_busy_ticks,
+)
+from support.pyspy import print_profile
 
-from pidgate.demo.broker import TANSU_NODE_ID, EmbeddedBroker, broker_binary, free_port
+from pidgate.demo.broker import EmbeddedBroker, free_port
 
 TOPIC = "pidgate-bench"
 RECORD = b"x" * 1000  # "1 KB" records
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-# -- processes --------------------------------------------------------------------------------
-
-
-def machine_busy_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs from /proc/stat."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    total = sum(fields[:8])  # guest time is already inside user/nice
-    return total - idle, total
-
-
-def wait_listening(
-    port: int, process: subprocess.Popen[bytes], what: str, timeout_s: float = 20.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} in {timeout_s}s")
-
-
-def stop_process(process: subprocess.Popen[bytes] | None) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
-@dataclass
-class Cpu:
-    """CPU time of one process: /proc/<pid>/task/*/schedstat (ns, all threads) and
-    /proc/<pid>/stat utime+stime (clock ticks, a cross-check)."""
-
-    pid: int
-
-    def schedstat_ns(self) -> int:
-        total = 0
-        for task in os.listdir(f"/proc/{self.pid}/task"):
-            with contextlib.suppress(OSError):
-                total += int(Path(f"/proc/{self.pid}/task/{task}/schedstat").read_text().split()[0])
-        return total
-
-    def stat_s(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
-
-    def sample(self) -> tuple[int, float]:
-        return self.schedstat_ns(), self.stat_s()
-
-
-class Served:
-    """One server process started here: its log, its CPU, and a stop by PID. If it does not
-    listen on every port in ``ports`` in time it is stopped at once, never left behind."""
-
-    def __init__(
-        self,
-        command: list[str],
-        log_dir: Path,
-        name: str,
-        ports: list[int],
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self._log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
-        try:
-            for port in ports:
-                wait_listening(port, self.process, name)
-        except BaseException:
-            self.stop()
-            raise
-        self.cpu = Cpu(self.process.pid)
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
-
-
-class Pidgate(Served):
-    """``pidgate serve`` in its own process (its own GIL, like tansu proxy is its own process)."""
-
-    def __init__(
-        self,
-        upstream: str,
-        log_dir: Path,
-        src: str | None = None,
-        name: str = "pidgate",
-        rate: int = 1000,
-    ) -> None:
-        self.port = free_port()
-        self.broker_port = free_port()
-        self.http_port = free_port()
-        env = dict(os.environ)
-        if src is not None:  # another source tree of pidgate (e.g. a baseline to compare with)
-            env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        command = [
-            sys.executable,
-            "-m",
-            "pidgate",
-            "serve",
-            "--upstream",
-            upstream,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--broker-port-base",
-            str(self.broker_port - TANSU_NODE_ID),
-            "--default-producer-ids-rate",
-            str(rate),
-            "--http",
-            f"127.0.0.1:{self.http_port}",
-            "--log-level",
-            "warning",
-        ]
-        super().__init__(command, log_dir, name, [self.port, self.http_port], env)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def produce_requests(self) -> tuple[int, int]:
-        """(Produce requests, Produce request bytes) from pidgate's /metrics."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return _metric(text, "pidgate_requests_total"), _metric(text, "pidgate_request_bytes_total")
-
-
-def _metric(text: str, name: str) -> int:
-    match = re.search(rf'^{name}{{api_key="Produce"}} ([0-9.e+]+)$', text, re.M)
-    if match is None:
-        raise RuntimeError(f'{name}{{api_key="Produce"}} not in pidgate\'s /metrics')
-    return int(float(match.group(1)))
-
-
-class TansuProxy(Served):
-    def __init__(self, origin: str, log_dir: Path) -> None:
-        self.port = free_port()
-        url = f"tcp://127.0.0.1:{self.port}"
-        command = [
-            broker_binary(),
-            "proxy",
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--origin-url",
-            f"tcp://{origin}",
-        ]
-        super().__init__(command, log_dir, "tansu-proxy", [self.port])
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
 
 # -- workloads --------------------------------------------------------------------------------
@@ -394,12 +232,12 @@ def main() -> int:
     pidgate: Pidgate | None = None
     tansu: TansuProxy | None = None
     baseline: Pidgate | None = None
-    floor: small_requests.Forwarder | None = None
-    own_brokers: list[small_requests.Broker] = []
+    floor: Forwarder | None = None
+    own_brokers: list[Broker] = []
 
     def own_broker(name: str, advertised_port: int | None = None) -> str:
         """A tansu broker of the target ``name`` alone; its address."""
-        own_brokers.append(small_requests.Broker(log_dir, f"tansu-{name}", advertised_port))
+        own_brokers.append(Broker(log_dir, f"tansu-{name}", advertised_port))
         return own_brokers[-1].address
 
     def create_topic(bootstrap: str) -> None:
@@ -416,7 +254,7 @@ def main() -> int:
         tansu = TansuProxy(tansu_origin := own_broker("proxy"), log_dir)
         create_topic(tansu_origin)
         floor_port = free_port()
-        floor = small_requests.Forwarder(floor_port, own_broker("floor", floor_port), log_dir)
+        floor = Forwarder(floor_port, own_broker("floor", floor_port), log_dir)
         create_topic(floor.bootstrap)
         targets = {
             "direct": broker.bootstrap,
@@ -563,33 +401,6 @@ def main() -> int:
         for own in own_brokers:
             own.stop()
         broker.cleanup()
-
-
-def print_profile(path: str, top: int = 25) -> None:
-    """Self ("tottime") and inclusive ("cumtime") sample shares per function from py-spy's
-    collapsed stacks; idle time in the event loop's poll is listed too."""
-    self_counts: dict[str, int] = {}
-    incl_counts: dict[str, int] = {}
-    total = 0
-    for line in Path(path).read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(count_text)
-        total += count
-        frames = stack.split(";")[1:] if stack.startswith("process") else stack.split(";")
-        frames = [re.sub(r":\d+\)$", ")", f) for f in frames]  # per function, not per line
-        if frames:
-            self_counts[frames[-1]] = self_counts.get(frames[-1], 0) + count
-        for f in set(frames):
-            incl_counts[f] = incl_counts.get(f, 0) + count
-    print(f"\n== pidgate profile: {total} samples (py-spy, 500 Hz, all threads, idle included) ==")
-    print("-- top by self samples --")
-    for f, c in sorted(self_counts.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"{100 * c / total:6.2f}%  {f}")
-    print("-- top by inclusive samples --")
-    for f, c in sorted(incl_counts.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"{100 * c / total:6.2f}%  {f}")
 
 
 def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str = "") -> None:

@@ -49,34 +49,26 @@ and checks the counts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
-import re
-import socket
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka.protocol.admin import DescribeProducersRequest, DescribeProducersResponse
-from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
-from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
-from kafka.record.memory_records import MemoryRecordsBuilder
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT))  # tests.realkafka.kafka: the tier's broker starter
-from bench import stop_process, wait_listening  # noqa: E402
+from support.broker_heap import java_pid, live_heap  # noqa: E402
+from support.processes import Served  # noqa: E402
+from support.storm import TOPIC, init_producer_id_alone, producer_entries, run_storm  # noqa: E402
 from tests.realkafka.kafka import (  # noqa: E402
     KAFKA3_HOME_VAR,
     KAFKA4_HOME_VAR,
@@ -85,248 +77,6 @@ from tests.realkafka.kafka import (  # noqa: E402
     kafka_home,
     start_single,
 )
-
-TOPIC = "pidgate-protection"
-#: Versions of the raw requests: accepted by 3.1 and 4.1 alike.
-INIT_VERSION = 4
-PRODUCE_VERSION = 8
-DESCRIBE_PRODUCERS_VERSION = 0
-#: Retriable answers to InitProducerId: COORDINATOR_LOAD_IN_PROGRESS (a KRaft broker waiting for
-#: its PID block), COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, REQUEST_TIMED_OUT.
-RETRIABLE_INIT = frozenset({14, 15, 16, 7})
-#: pidgate's answers to a throttled Produce (DESIGN.md "Rejection that every client survives"):
-#: 19 NOT_ENOUGH_REPLICAS for a client it cannot name (these raw sockets), 89 for kafka-python.
-REJECTION_CODES = frozenset({19, 89})
-#: The storm's request.timeout.ms (sent as the Produce's timeout_ms): the 3.1 console producer's.
-#: pidgate holds a throttled Produce for two thirds of it (issue "patience"), then rejects it, and
-#: the storm producer gives up, as a crash-looping client does; with Java's 30 s each throttled
-#: storm producer would be held 20 s and the storm would take hours at this concurrency.
-STORM_REQUEST_TIMEOUT_MS = 1500
-#: The classes a producer-state entry is made of, per broker code base: the entry, its queue of
-#: BatchMetadata (with the queue's backing array), and the producers map's node and Long key
-#: (3.1: kafka.log.ProducerStateManager, Scala; 4.x: the storage module, Java). Generic classes
-#: (Long, Object[], HashMap$Node) also grow elsewhere: the pidgate run shows how little.
-STATE_CLASSES = {
-    "kafka.log.ProducerStateEntry": (
-        "kafka.log.ProducerStateEntry",
-        "kafka.log.BatchMetadata",
-        "scala.collection.mutable.Queue",
-        "[Ljava.lang.Object;",
-        "scala.collection.mutable.HashMap$Node",
-        "[Lscala.collection.mutable.HashMap$Node;",
-        "java.lang.Long",
-    ),
-    "org.apache.kafka.storage.internals.log.ProducerStateEntry": (
-        "org.apache.kafka.storage.internals.log.ProducerStateEntry",
-        "org.apache.kafka.storage.internals.log.BatchMetadata",
-        "java.util.ArrayDeque",
-        "[Ljava.lang.Object;",
-        "java.util.HashMap$Node",
-        "[Ljava.util.HashMap$Node;",
-        "java.lang.Long",
-    ),
-}
-CLIENT_ID = "pidgate-protection-storm"
-_SIZE = struct.Struct(">i")
-
-
-# -- raw protocol ------------------------------------------------------------------------------
-
-
-def encode(request: Any, version: int, correlation_id: int = 1) -> bytes:
-    request.with_header(correlation_id=correlation_id, client_id=CLIENT_ID)
-    return bytes(request.encode(version=version, header=True, framed=True))
-
-
-def init_producer_id_frame() -> bytes:
-    """InitProducerId with a null transactional id: the broker allocates one PID and keeps no
-    state for it until the PID produces. One frame serves every connection (correlation id 1)."""
-    request = InitProducerIdRequest(
-        version=INIT_VERSION,
-        transactional_id=None,
-        transaction_timeout_ms=60_000,
-        producer_id=-1,
-        producer_epoch=-1,
-    )
-    return encode(request, INIT_VERSION)
-
-
-def produce_frame(topic: str, partition: int, producer_id: int, epoch: int) -> bytes:
-    """An acks=-1 Produce of one record batch (one 20-byte record) of ``producer_id``, sequence 0."""
-    builder = MemoryRecordsBuilder(
-        magic=2,
-        compression_type=0,
-        batch_size=1 << 16,
-        offset=0,
-        producer_id=producer_id,
-        producer_epoch=epoch,
-        base_sequence=0,
-    )
-    builder.append(timestamp=int(time.time() * 1000), key=None, value=b"storm-%014d" % producer_id)
-    builder.close()
-    T = ProduceRequest.TopicProduceData
-    P = T.PartitionProduceData
-    request = ProduceRequest(
-        version=PRODUCE_VERSION,
-        transactional_id=None,
-        acks=-1,
-        timeout_ms=STORM_REQUEST_TIMEOUT_MS,
-        topic_data=[
-            T(name=topic, partition_data=[P(index=partition, records=bytes(builder.buffer()))])
-        ],
-    )
-    return encode(request, PRODUCE_VERSION, correlation_id=2)
-
-
-def recv_frame(sock: socket.socket) -> bytes:
-    def exact(n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("connection closed by the peer")
-            data += chunk
-        return bytes(data)
-
-    (size,) = _SIZE.unpack(exact(4))
-    return exact(size)
-
-
-def init_producer_id_alone(address: tuple[str, int], timeout_s: float = 120.0) -> int:
-    """One InitProducerId on its own, retried while the broker answers a retriable error (a
-    fresh 4.1 broker: 14 until its first PID block arrives); returns the PID."""
-    deadline = time.monotonic() + timeout_s
-    frame = init_producer_id_frame()
-    while True:
-        with socket.create_connection(address, timeout=30) as sock:
-            sock.sendall(frame)
-            response = InitProducerIdResponse.decode(
-                recv_frame(sock), version=INIT_VERSION, header=True
-            )
-        if response.error_code == 0:
-            return int(response.producer_id)
-        if response.error_code not in RETRIABLE_INIT or time.monotonic() > deadline:
-            raise RuntimeError(f"InitProducerId answered error {response.error_code}")
-        time.sleep(0.2)
-
-
-def producer_entries(address: tuple[str, int], topic: str, partitions: int) -> list[int]:
-    """Producer-state entries per partition, as the broker reports them (DescribeProducers,
-    KIP-664: one row per producer with state on the partition)."""
-    Topic = DescribeProducersRequest.TopicRequest
-    request = DescribeProducersRequest(
-        version=DESCRIBE_PRODUCERS_VERSION,
-        topics=[Topic(name=topic, partition_indexes=list(range(partitions)))],
-    )
-    with socket.create_connection(address, timeout=60) as sock:
-        sock.sendall(encode(request, DESCRIBE_PRODUCERS_VERSION))
-        response = DescribeProducersResponse.decode(
-            recv_frame(sock), version=DESCRIBE_PRODUCERS_VERSION, header=True
-        )
-    counts = [0] * partitions
-    for topic_response in response.topics:
-        for partition in topic_response.partitions:
-            if partition.error_code != 0:
-                raise RuntimeError(
-                    f"DescribeProducers {topic}-{partition.partition_index}: error "
-                    f"{partition.error_code} {partition.error_message}"
-                )
-            counts[partition.partition_index] = len(partition.active_producers)
-    return counts
-
-
-# -- the storm ---------------------------------------------------------------------------------
-
-
-@dataclass
-class StormResult:
-    sent: int = 0  # storm producers that got a PID
-    admitted: int = 0  # their Produce answered 0
-    rejected: int = 0  # answered with pidgate's throttling code: the producer gave up
-    failed: dict[str, int] = field(default_factory=dict)  # anything else, by cause
-    init_retries: int = 0
-    seconds: float = 0.0
-
-    def fail(self, cause: str) -> None:
-        self.failed[cause] = self.failed.get(cause, 0) + 1
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    (size,) = _SIZE.unpack(await reader.readexactly(4))
-    return await reader.readexactly(size)
-
-
-async def _storm_producer(
-    address: tuple[str, int], partition: int, init_frame: bytes, result: StormResult
-) -> None:
-    """One restarting client: connect, InitProducerId, one Produce, close."""
-    for _attempt in range(50):
-        reader, writer = await asyncio.open_connection(*address)
-        try:
-            writer.write(init_frame)
-            init = InitProducerIdResponse.decode(
-                await _read_frame(reader), version=INIT_VERSION, header=True
-            )
-            if init.error_code in RETRIABLE_INIT:
-                result.init_retries += 1
-                await asyncio.sleep(0.1)
-                continue
-            if init.error_code != 0:
-                result.fail(f"init_error_{init.error_code}")
-                return
-            result.sent += 1
-            writer.write(produce_frame(TOPIC, partition, init.producer_id, init.producer_epoch))
-            produced = ProduceResponse.decode(
-                await _read_frame(reader), version=PRODUCE_VERSION, header=True
-            )
-            codes = {p.error_code for t in produced.responses for p in t.partition_responses}
-            if codes == {0}:
-                result.admitted += 1
-            elif codes <= REJECTION_CODES:
-                result.rejected += 1
-            else:
-                result.fail("produce_error_" + "_".join(str(c) for c in sorted(codes)))
-            return
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError, ConnectionError):
-                await writer.wait_closed()
-    result.fail("init_retries_exhausted")
-
-
-async def _storm(
-    address: tuple[str, int], pids: int, partitions: int, concurrency: int, max_seconds: float
-) -> StormResult:
-    result = StormResult()
-    init_frame = init_producer_id_frame()
-    next_index = 0
-    started = time.monotonic()
-    deadline = started + max_seconds
-
-    async def worker() -> None:
-        nonlocal next_index
-        while next_index < pids and time.monotonic() < deadline:
-            index = next_index
-            next_index += 1
-            try:
-                await asyncio.wait_for(
-                    _storm_producer(address, index % partitions, init_frame, result), 60
-                )
-            except TimeoutError:
-                result.fail("timeout")
-            except (OSError, ConnectionError, asyncio.IncompleteReadError) as error:
-                result.fail(type(error).__name__)
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    result.seconds = time.monotonic() - started
-    return result
-
-
-def run_storm(
-    address: tuple[str, int], pids: int, partitions: int, concurrency: int, max_seconds: float
-) -> StormResult:
-    return asyncio.run(_storm(address, pids, partitions, concurrency, max_seconds))
-
 
 # -- the steady producer -----------------------------------------------------------------------
 
@@ -392,10 +142,10 @@ class SteadyProducer:
         self.producer = None  # librdkafka's handle is destroyed with its last reference
 
 
-# -- pidgate and the broker's heap -------------------------------------------------------------
+# -- pidgate -------------------------------------------------------------------------------
 
 
-class Pidgate:
+class Pidgate(Served):
     """``pidgate serve`` in its own process, quota ``rate`` per ``window_s`` for User:ANONYMOUS."""
 
     def __init__(self, kafka: KafkaRun, log_dir: Path, rate: int, window_s: int) -> None:
@@ -430,27 +180,10 @@ class Pidgate:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
         )
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
-        try:
-            # A loaded machine (a storm beside other work) can take a while to import pidgate.
-            # The per-broker listener opens once a Metadata answer names the broker.
-            for port in (self.port, self.http_port):
-                wait_listening(port, self.process, "pidgate", timeout_s=120)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
+        # Logs to log_path. A loaded machine (a storm beside other work) can take a while to
+        # import pidgate. The per-broker listener opens once a Metadata answer names the broker.
+        ports = [self.port, self.http_port]
+        super().__init__(command, log_dir, "pidgate", ports, env, listen_timeout_s=120)
 
     def tail(self) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
@@ -474,61 +207,6 @@ class Pidgate:
                 raise RuntimeError(f"pidgate exited: {text[-2000:]}")
             time.sleep(0.2)
         raise RuntimeError(f"pidgate learnt no PID frontier in {timeout_s}s")
-
-
-@dataclass
-class Heap:
-    total: int
-    by_class: dict[str, int]  # bytes
-    instances: dict[str, int]
-
-    def state_classes(self) -> tuple[str, ...]:
-        for entry_class, classes in STATE_CLASSES.items():
-            if entry_class in self.by_class:
-                return classes
-        raise RuntimeError("no ProducerStateEntry class in the broker's heap histogram")
-
-    def state_bytes(self, classes: tuple[str, ...]) -> int:
-        return sum(self.by_class.get(name, 0) for name in classes)
-
-
-def live_heap(java_pid: int) -> Heap:
-    """Live objects after a full GC: ``jcmd <pid> GC.class_histogram`` (without -all it
-    collects first, so what it lists is what is reachable)."""
-    result = subprocess.run(
-        ["jcmd", str(java_pid), "GC.class_histogram"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"jcmd {java_pid} GC.class_histogram: {result.stdout}{result.stderr}")
-    by_class: dict[str, int] = {}
-    instances: dict[str, int] = {}
-    total = 0
-    for line in result.stdout.splitlines():
-        row = re.match(r"\s*\d+:\s+(\d+)\s+(\d+)\s+(\S+)", line)
-        if row:
-            name = row.group(3)  # one name twice: loaded by two class loaders
-            by_class[name] = by_class.get(name, 0) + int(row.group(2))
-            instances[name] = instances.get(name, 0) + int(row.group(1))
-        elif line.startswith("Total"):
-            total = int(line.split()[2])
-    if not total:
-        raise RuntimeError(f"no Total line in jcmd's histogram: {result.stdout[-500:]}")
-    return Heap(total, by_class, instances)
-
-
-def java_pid(kafka: KafkaRun) -> int:
-    """The broker's JVM: kafka-server-start.sh execs kafka-run-class.sh, which execs java."""
-    pid = kafka.broker_pid(1)
-    if pid is None:
-        raise RuntimeError("the broker is not running")
-    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-    if comm != "java":
-        raise RuntimeError(f"broker PID {pid} is {comm!r}, not the JVM")
-    return pid
 
 
 # -- one run -----------------------------------------------------------------------------------

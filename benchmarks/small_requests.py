@@ -32,7 +32,8 @@ CPU is each proxy process's schedstat time (all threads, ns) over the run, divid
 Produce requests the run sent. The ``BENCH_SMALL`` line gives per workload the floor's and
 pidgate's µs per request and their ratio (medians of the per-round paired ratios), and the
 throughput ratio of pidgate to the floor. Everything started here is stopped by PID. No test
-imports this: it measures, it asserts nothing about speed.
+imports this: it measures, it asserts nothing about speed. ``bench.py`` imports it for these
+rounds; it imports ``support/`` (the processes, py-spy) and never ``bench.py``.
 """
 
 # Report lines are long f-strings.
@@ -42,12 +43,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import socket
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -62,12 +61,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 from kafka.record.util import calc_crc32c
+from support.processes import Broker, Cpu, Forwarder, Pidgate
+from support.pyspy import print_profile, start_profile
 
-from pidgate.demo.broker import broker_binary, free_port
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench import Cpu, Pidgate, Served  # noqa: E402
+from pidgate.demo.broker import free_port
 
 TOPIC = "pidgate-small"
 VALUE = b"v" * 100
@@ -75,55 +72,6 @@ PRODUCE_VERSION = 9
 PIPELINE_DEPTH = 32
 #: The processes measured besides the floor and pidgate, when asked for.
 OTHERS = ("baseline", "minimal", "minimal_quota")
-
-
-# -- processes --------------------------------------------------------------------------------
-
-
-class Broker(Served):
-    """A tansu broker (in memory). The floor's broker advertises the floor's port, so a client
-    bootstrapping through the forwarder comes back through it (pidgate rewrites endpoints
-    itself, the forwarder cannot); pidgate's broker advertises itself, or pidgate's upstream
-    connections would go through the forwarder. Two brokers of one binary and one config."""
-
-    def __init__(self, log_dir: Path, name: str, advertised_port: int | None = None) -> None:
-        self.port = free_port()
-        command = [
-            broker_binary(),
-            "broker",
-            "--listener-url",
-            f"tcp://127.0.0.1:{self.port}",
-            "--advertised-listener-url",
-            f"tcp://127.0.0.1:{advertised_port or self.port}",
-            "--storage-engine",
-            "memory://tansu/",
-        ]
-        super().__init__(command, log_dir, name, [self.port])
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-class Forwarder(Served):
-    """``forwarder.py`` (the floor), or another script of the same command line."""
-
-    def __init__(
-        self,
-        port: int,
-        upstream: str,
-        log_dir: Path,
-        script: str = "forwarder.py",
-        *options: str,
-        name: str | None = None,
-    ) -> None:
-        self.port = port
-        command = [sys.executable, str(HERE / script), str(port), upstream, *options]
-        super().__init__(command, log_dir, name or Path(script).stem, [port])
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
 
 # -- raw frames -------------------------------------------------------------------------------
@@ -429,29 +377,6 @@ def report(results: dict[str, Measured]) -> str:
     return " ".join(fields)
 
 
-def start_profile(pid: int, path: str) -> subprocess.Popen[bytes]:
-    spy = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "py-spy"),
-            "record",
-            "-p",
-            str(pid),
-            "-r",
-            "500",
-            "-f",
-            "raw",
-            "-o",
-            path,
-            *(["--native"] if os.environ.get("PYSPY_NATIVE") else ["--nonblocking"]),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    time.sleep(1)
-    return spy
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="per raw-frame run")
     parser.add_argument("--producers", type=int, default=16)
@@ -547,8 +472,6 @@ def run(args: argparse.Namespace) -> str:
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
-            from bench import print_profile
-
             print_profile(profile)
         return f"{report(results)} small_rounds={args.rounds}"
     finally:

@@ -11,14 +11,13 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from pidgate.pipeline.jobs.activity import (
+from pidgate.pipeline.jobs.activity_hourly import (
     hourly_activity,
     hourly_from_facts,
     hourly_with_clients,
-    rate_rule,
-    recommend_rates,
     top_offenders,
 )
+from pidgate.pipeline.jobs.activity_rates import rate_rule, recommend_rates
 from pidgate.pipeline.jobs.generate import GeneratorConfig, generate_events
 from pidgate.pipeline.reading.eventfacts import event_facts, file_splits, read_split
 from pidgate.pipeline.reading.events import EVENT_SCHEMA, read_events_marked

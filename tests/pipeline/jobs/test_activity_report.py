@@ -14,13 +14,9 @@ import pytest
 from matplotlib.axes import Axes
 from pyspark.sql import SparkSession
 
-from pidgate.pipeline.jobs.activity import (
-    ActivityReport,
-    build_activity_report,
-    hourly_with_clients,
-    recommend_with_storms,
-    run_activity,
-)
+from pidgate.pipeline.jobs.activity import ActivityReport, build_activity_report, run_activity
+from pidgate.pipeline.jobs.activity_hourly import hourly_with_clients
+from pidgate.pipeline.jobs.activity_rates import recommend_with_storms
 from pidgate.pipeline.jobs.generate import GeneratorConfig, generate_events
 from pidgate.pipeline.outputs.timebuckets import choose_bucket
 

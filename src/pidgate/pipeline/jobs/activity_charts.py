@@ -4,6 +4,9 @@ time bucket, the recommendations table and the texts that explain it.
 
 Built with :class:`matplotlib.figure.Figure` (no pyplot state); axes come from
 :func:`pidgate.pipeline.outputs.report.time_axis` so every report's time axis reads the same.
+
+Plain Python, pandas and matplotlib: must not import pyspark, nor the activity job's Spark
+modules (``activity``, ``activity_hourly``, ``activity_rates``).
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ Limitations, stated in the report:
   without the retries it would cause; a looser candidate admits the first attempt and the
   recorded retries then carry known PIDs.
 * Each group is held in one executor's memory (pandas), plus the exact set.
+
+Imports pidgate's quota and config code (the replay) and the ``reading``, ``outputs`` and
+``spark`` rooms; must not import another job, nor ``pidgate.proxy``.
 """
 
 from __future__ import annotations
@@ -47,14 +50,7 @@ import pandas as pd  # type: ignore[import-untyped, unused-ignore]
 from matplotlib.figure import Figure
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import DoubleType
 
 from pidgate.config import DEFAULT_USER_ENTITY, QuotaSettings, load_settings
 from pidgate.config.loader import read_config_file
@@ -68,6 +64,7 @@ from pidgate.pipeline.reading.events import (
     read_events_checked,
 )
 from pidgate.pipeline.reading.inputs import EventFiles, InputError, event_files
+from pidgate.pipeline.reading.schemas import spark_struct
 from pidgate.pipeline.spark.progress import Progress, stage
 from pidgate.quota import Admitted, QuotaManager, QuotaPolicy
 
@@ -87,23 +84,11 @@ REJECTED_DECISION = "rejected"
 UNLIMITED = "unlimited"
 
 #: One row per replayed Produce request.
-DECISION_SCHEMA = StructType(
-    [
-        StructField("principal", StringType()),
-        StructField("instance", StringType()),
-        StructField("request_id", LongType()),
-        StructField("ts_ms", LongType()),
-        StructField("pids", IntegerType()),
-        StructField("recorded", StringType()),
-        StructField("recorded_new_pids", IntegerType()),
-        StructField("recorded_throttle_ms", LongType()),
-        StructField("replayed", StringType()),
-        StructField("replayed_new_pids", IntegerType()),
-        StructField("replayed_rejected_pids", IntegerType()),
-        StructField("replayed_throttle_ms", LongType()),
-        StructField("never_seen_lookups", IntegerType()),
-        StructField("bloom_false_positives", IntegerType()),
-    ]
+DECISION_SCHEMA = spark_struct(
+    "principal string, instance string, request_id bigint, ts_ms bigint, pids int, "
+    "recorded string, recorded_new_pids int, recorded_throttle_ms bigint, replayed string, "
+    "replayed_new_pids int, replayed_rejected_pids int, replayed_throttle_ms bigint, "
+    "never_seen_lookups int, bloom_false_positives int"
 )
 
 LIMITATIONS = (
@@ -341,6 +326,13 @@ def _describe_policy(policy: QuotaPolicy) -> str:
     )
 
 
+#: The hourly figure's series, in the order of its rows' counts: label, marker, colour.
+_HOURLY_SERIES = (
+    ("replayed new PIDs admitted", "o", "#4f81bd"),
+    ("replayed requests rejected", "s", "#c0504d"),
+)
+
+
 def _hourly_figure(
     rows: list[tuple[int, int, int]], bucket_s: int, bucket_name: str, start_s: int, end_s: int
 ) -> Figure:
@@ -353,22 +345,15 @@ def _hourly_figure(
     by_bucket = {b: (a, r) for b, a, r in rows}
     days = [b / 86_400 for b in buckets]
     size = 3 if len(buckets) > 40 else 5
-    ax.plot(
-        days,
-        [by_bucket.get(b, (0, 0))[0] for b in buckets],
-        marker="o",
-        markersize=size,
-        label="replayed new PIDs admitted",
-        color="#4f81bd",
-    )
-    ax.plot(
-        days,
-        [by_bucket.get(b, (0, 0))[1] for b in buckets],
-        marker="s",
-        markersize=size,
-        label="replayed requests rejected",
-        color="#c0504d",
-    )
+    for column, (label, marker, color) in enumerate(_HOURLY_SERIES):
+        ax.plot(
+            days,
+            [by_bucket.get(b, (0, 0))[column] for b in buckets],
+            marker=marker,
+            markersize=size,
+            label=label,
+            color=color,
+        )
     time_axis(ax, start_s, end_s, f"count per {bucket_name}")
     ax.set_title(f"Candidate quota, all principals, per {bucket_name}")
     ax.legend(fontsize="small")
@@ -376,17 +361,21 @@ def _hourly_figure(
     return fig
 
 
+#: The hourly counts summed per principal, in the table's column order.
+_PER_PRINCIPAL_SUMS = (
+    "requests",
+    "recorded_rejected_requests",
+    "replayed_rejected_requests",
+    "recorded_new_pids",
+    "replayed_new_pids",
+    "agreeing_requests",
+)
+
+
 def _per_principal(hourly: DataFrame) -> DataFrame:
     return (
         hourly.groupBy("principal")
-        .agg(
-            F.sum("requests").alias("requests"),
-            F.sum("recorded_rejected_requests").alias("recorded_rejected_requests"),
-            F.sum("replayed_rejected_requests").alias("replayed_rejected_requests"),
-            F.sum("recorded_new_pids").alias("recorded_new_pids"),
-            F.sum("replayed_new_pids").alias("replayed_new_pids"),
-            F.sum("agreeing_requests").alias("agreeing_requests"),
-        )
+        .agg(*(F.sum(name).alias(name) for name in _PER_PRINCIPAL_SUMS))
         .orderBy(F.desc("replayed_rejected_requests"), F.asc("principal"))
     )
 

@@ -32,6 +32,9 @@ batch, up to ``NUM_BATCHES_TO_RETAIN`` = 5: 264 bytes for an entry just loaded f
 An open transaction adds :data:`OPEN_TXN_BYTES` = 152 (an OptionalLong 24, and in
 ``ongoingTxns`` a TreeMap entry 40, a Long 24, TxnMetadata 32, LogOffsetMetadata 32).
 These are estimates of live heap, not measurements.
+
+Must not import another job than its executor-side scan
+(:mod:`~pidgate.pipeline.jobs.footprint_scan`), nor ``pidgate.proxy``.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ buffers), so memory stays bounded however many events are asked for: 10M events 
 minutes. ``tokens`` is not written (no job reads it).
 
 CLI: ``python -m pidgate.pipeline.jobs.generate events --out DIR --events N --seed S [--gzip]``.
+
+Imports :mod:`pidgate.quota` (the proxy's own decisions); must not import pyspark or another
+pipeline module: it writes files, Spark reads them.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ existing
 file. A damaged segment stops that partition's replay at the damage: snapshots at or below the
 damaged segment's base offset are still written, later ones are reported as errors; other
 partitions are unaffected.
+
+Must not import another job than :mod:`~pidgate.pipeline.jobs.footprint` (its default
+expiration), nor ``pidgate.proxy``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ themselves go to a :func:`staging_dir` beside the output and are moved into plac
 :func:`publish` once the job succeeded.
 
 No Spark job is started here other than the writes themselves.
+
+Must not import a job, ``reading`` or ``spark``: ``outputs`` imports no other pipeline room.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ plots (PNG, base64-embedded): no external assets, openable straight from disk in
 
 Figures should be built with :class:`matplotlib.figure.Figure` directly (not pyplot), which keeps
 the Agg backend and needs no global state or closing.
+
+Must not import a job, ``reading`` or ``spark``: ``outputs`` imports no other pipeline room.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Chart time buckets chosen from the period a report covers: seconds for a demo run, minutes
 for a short run, hours for days, days for months.
 
-Pure Python (no Spark): :func:`choose_bucket` is shared by the activity and backtest reports.
+Pure Python (no Spark): :func:`choose_bucket` is shared by the activity and backtest reports;
+must not import pyspark or any other pipeline module.
 """
 
 from __future__ import annotations

@@ -22,23 +22,25 @@ Bad lines are what :func:`pidgate.pipeline.reading.events.read_events` drops, de
 (a line that is not a JSON object, a field of the wrong type, a missing ``ts_ms`` / ``event`` /
 ``principal``); blank lines are skipped, as Spark does. Only the fields the facts need are
 checked. Local files are read by the Python workers directly (split by byte ranges, ``.gz``
-whole); other URIs go through Spark's text reader. Imports pyarrow and pyspark, nothing of
-the proxy.
+whole); other URIs go through Spark's text reader. Imports pyarrow and pyspark; must not
+import a job, ``outputs``, ``spark`` or the proxy.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.json as pj  # type: ignore[import-untyped, unused-ignore]
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from pidgate.pipeline.reading.schemas import arrow_schema
 
 __all__ = [
     "CLIENT",
@@ -62,49 +64,35 @@ _COUNTED = (ADMITTED_NEW, REJECTED, INIT_PRODUCER_ID, WOULD_REJECT)
 _PID_EVENTS = (ADMITTED_NEW, REJECTED, WOULD_REJECT)
 
 #: The fields parsed (and so checked) per line.
-LINE_SCHEMA = pa.schema(
-    [
-        ("ts_ms", pa.int64()),
-        ("event", pa.string()),
-        ("principal", pa.string()),
-        ("producer_id", pa.int64()),
-        ("client_id", pa.string()),
-        ("instance", pa.string()),
-        ("request_id", pa.int64()),
-        ("throttle_ms", pa.int64()),
-    ]
+LINE_SCHEMA = arrow_schema(
+    "ts_ms bigint, event string, principal string, producer_id bigint, client_id string, "
+    "instance string, request_id bigint, throttle_ms bigint"
 )
 _REQUIRED = ("ts_ms", "event", "principal")
 _PARSE = pj.ParseOptions(explicit_schema=LINE_SCHEMA, unexpected_field_behavior="ignore")
 _READ = pj.ReadOptions(use_threads=False, block_size=1 << 24)
 
-FACT_SCHEMA = pa.schema(
-    [
-        ("kind", pa.int8()),
-        ("bad", pa.bool_()),
-        ("principal", pa.string()),
-        ("hour_s", pa.int64()),
-        ("pid", pa.int64()),
-        ("key", pa.string()),
-        ("is_new", pa.bool_()),
-        ("is_rejected", pa.bool_()),
-        ("is_would", pa.bool_()),
-        ("first_new_ms", pa.int64()),
-        ("first_rejected_ms", pa.int64()),
-        ("first_would_ms", pa.int64()),
-        ("events", pa.int64()),
-        ("init_producer_ids", pa.int64()),
-        ("throttle_ms_max", pa.int64()),
-        ("first_ms", pa.int64()),
-        ("last_ms", pa.int64()),
-    ]
-)
 _FACT_DDL = (
     "kind tinyint, bad boolean, principal string, hour_s bigint, pid bigint, key string, "
     "is_new boolean, is_rejected boolean, is_would boolean, first_new_ms bigint, "
     "first_rejected_ms bigint, first_would_ms bigint, events bigint, init_producer_ids bigint, "
     "throttle_ms_max bigint, first_ms bigint, last_ms bigint"
 )
+FACT_SCHEMA = arrow_schema(_FACT_DDL)
+#: How the facts of one key from different splits become one: each value column's rule.
+_MERGED: dict[str, Callable[[str], Column]] = {
+    "is_new": F.max,
+    "is_rejected": F.max,
+    "is_would": F.max,
+    "first_new_ms": F.min,
+    "first_rejected_ms": F.min,
+    "first_would_ms": F.min,
+    "events": F.sum,
+    "init_producer_ids": F.sum,
+    "throttle_ms_max": F.max,
+    "first_ms": F.min,
+    "last_ms": F.max,
+}
 _SPLIT_BYTES = 32 << 20
 #: Local logs up to this size are boiled down on the driver: no Python workers to start, which
 #: is most of the fixed cost of a small (demo-sized) log.
@@ -427,19 +415,7 @@ def event_facts(
     else:
         raw = spark.read.text(list(paths)).mapInArrow(of_lines, _FACT_DDL)
     keys = ["kind", "bad", "principal", "hour_s", "pid", "key"]
-    return raw.groupBy(*keys).agg(
-        F.max("is_new").alias("is_new"),
-        F.max("is_rejected").alias("is_rejected"),
-        F.max("is_would").alias("is_would"),
-        F.min("first_new_ms").alias("first_new_ms"),
-        F.min("first_rejected_ms").alias("first_rejected_ms"),
-        F.min("first_would_ms").alias("first_would_ms"),
-        F.sum("events").alias("events"),
-        F.sum("init_producer_ids").alias("init_producer_ids"),
-        F.max("throttle_ms_max").alias("throttle_ms_max"),
-        F.min("first_ms").alias("first_ms"),
-        F.max("last_ms").alias("last_ms"),
-    )
+    return raw.groupBy(*keys).agg(*(merge(name).alias(name) for name, merge in _MERGED.items()))
 
 
 def local_bytes(paths: Sequence[str]) -> int:

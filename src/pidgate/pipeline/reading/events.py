@@ -11,6 +11,8 @@ makes of a local path).
 Reading never fails on data: unknown fields are ignored, and a line that is not JSON, has a field
 of the wrong type or lacks ``ts_ms`` / ``event`` / ``principal`` is dropped and counted
 (:func:`read_events_checked`).
+
+Must not import a job, ``outputs`` or ``spark``: every other pipeline room imports ``reading``.
 """
 
 from __future__ import annotations
@@ -19,15 +21,9 @@ from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BooleanType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StringType, StructField, StructType
+
+from pidgate.pipeline.reading.schemas import spark_struct
 
 __all__ = [
     "ACTIVITY_COLUMNS",
@@ -53,24 +49,11 @@ EVENT_TYPES = (ADMITTED_NEW, ADMITTED_GRANDFATHERED, REJECTED, INIT_PRODUCER_ID)
 
 #: Every field the proxy writes. Absent fields are null (``throttle_ms`` only on ``rejected``,
 #: ``transactional`` only on ``init_producer_id``).
-EVENT_SCHEMA = StructType(
-    [
-        StructField("ts_ms", LongType()),
-        StructField("event", StringType()),
-        StructField("principal", StringType()),
-        StructField("producer_id", LongType()),
-        StructField("producer_epoch", IntegerType()),
-        StructField("client_id", StringType()),
-        StructField("client_software", StringType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("node_id", IntegerType()),
-        StructField("instance", StringType()),
-        StructField("throttle_ms", LongType()),
-        StructField("tokens", DoubleType()),
-        StructField("request_id", LongType()),
-        StructField("transactional", BooleanType()),
-    ]
+EVENT_SCHEMA = spark_struct(
+    "ts_ms bigint, event string, principal string, producer_id bigint, producer_epoch int, "
+    "client_id string, client_software string, topic string, partition int, node_id int, "
+    "instance string, throttle_ms bigint, tokens double, request_id bigint, "
+    "transactional boolean"
 )
 
 _CORRUPT = "_corrupt_record"

@@ -14,6 +14,8 @@ a non-zero exit, not a JVM start and a Java stack trace:
   (:class:`EventFiles`, removed by :meth:`EventFiles.cleanup`); on other filesystems rename
   them (``hadoop fs -mv``), replacing ``:`` by ``_``.
 * :func:`parse_utc` / :func:`check_period`: ``--since`` / ``--until``.
+
+Standard library only: must not import pyspark, nor another pipeline room.
 """
 
 from __future__ import annotations

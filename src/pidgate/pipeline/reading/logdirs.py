@@ -11,6 +11,9 @@ a partition folder holds segments ``<base offset, 20 digits>.log`` (with ``.inde
 Paths are local (or ``file:`` URIs): segment files are read with Python's own file API on the
 executors, so on a cluster the log dirs must be reachable under the same path from every
 executor (run the job on the broker host, or on a shared mount).
+
+Must not import pyspark, nor another pipeline module than
+:mod:`~pidgate.pipeline.reading.segments`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ Owns the on-disk formats the ``footprint`` and ``snapshots`` jobs read and write
   current_txn_first_offset int64`` (46 bytes). Written atomically, never over an existing file.
 
 No Spark here: everything is plain functions usable on executors and in tests.
+
+Every executor's Python worker imports it (through ``footprint_scan``): must not import pyspark,
+pandas, matplotlib or another pipeline module.
 """
 
 from __future__ import annotations

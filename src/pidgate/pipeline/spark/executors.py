@@ -11,6 +11,8 @@ exits 0 having written its output where the driver never looks.
 
 The task function is nested so that cloudpickle ships it by value: it runs on executors that
 have no pidgate, which is one of the things it finds out.
+
+Must not import a job or ``outputs``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ work (jobs call :meth:`Progress.stage`), and while Spark runs tasks a watcher th
 session's status tracker and prints ``[  14.1s]   spark: 37/120 tasks (stage 4)`` at most every
 ``every_s`` seconds (a line only when something changed), so a long job is never silent. Jobs
 add closing lines with :meth:`Progress.summarize`; the CLI prints them at the end.
+
+Standard library only: must not import pyspark, a job or ``outputs``.
 """
 
 from __future__ import annotations

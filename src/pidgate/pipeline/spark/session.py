@@ -16,6 +16,8 @@ spark-submit. Settings by kind of master:
 
 Under spark-submit (or the pyspark shell) the launcher's choices are kept and none of the
 cluster settings are applied.
+
+Must not import a job or ``outputs``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ executors' ``PYTHONPATH`` points there; it works when the workers run the same P
 version on the same platform as the driver (compiled extensions inside).
 
 Must not import pyspark: this is plain file work, testable without a JVM.
+
+Must not import pyspark, a job or ``outputs``.
 """
 
 from __future__ import annotations
