@@ -67,6 +67,7 @@ from pidgate.pipeline.reading.inputs import EventFiles, InputError, event_files
 from pidgate.pipeline.reading.schemas import spark_struct
 from pidgate.pipeline.spark.progress import Progress, stage
 from pidgate.quota import Admitted, QuotaManager, QuotaPolicy
+from pidgate.quota.policy_from_rates import policy_from_rates
 
 __all__ = [
     "DECISION_SCHEMA",
@@ -115,16 +116,7 @@ def policy_from_settings(quota: QuotaSettings) -> QuotaPolicy:
         for user, q in quota.users.items()
         if q.producer_ids_rate is not None
     }
-    default = rates.pop(DEFAULT_USER_ENTITY, None)
-    return QuotaPolicy(
-        window_ms=quota.window_ms,
-        window_num=quota.window_num,
-        false_positive_rate=quota.false_positive_rate,
-        default_producer_ids_rate=default,
-        user_producer_ids_rates=rates,
-        max_principals=quota.max_principals,
-        max_total_bits=quota.max_total_bits,
-    )
+    return policy_from_rates(quota, rates, default_user=DEFAULT_USER_ENTITY)
 
 
 def load_policy(config_file: str | Path) -> QuotaPolicy:

@@ -9,7 +9,7 @@ Owns the on-disk formats the ``footprint`` and ``snapshots`` jobs read and write
   ``version int16, coordinator_epoch int32``);
 - a segment READER (:func:`iter_segment`, :func:`read_segment_headers`) that walks a file batch
   by batch over an ``mmap`` (only header pages are touched unless the CRC is verified), reuses
-  :func:`pidgate.protocol.produce.iter_batch_headers` for the header fields, checks every CRC
+  :func:`pidgate.protocol.record_batches.iter_batch_headers` for the header fields, checks every CRC
   and raises :class:`SegmentError` naming the file and byte position on corruption/truncation;
 - producer snapshot files in Kafka's exact format (``ProducerStateManager``'s
   ``PID_SNAPSHOT_MAP_SCHEMA``): ``version int16 = 1``, ``crc uint32`` (CRC-32C of every byte
