@@ -29,53 +29,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_EXPIRATION_MS", "add_analyze_parser", "run_analyze"]
+from pidgate.config.command_table import Command, Group, add_commands, option
+
+__all__ = ["ANALYZE_COMMAND", "DEFAULT_EXPIRATION_MS", "add_analyze_parser", "run_analyze"]
 
 #: Kafka's producer.id.expiration.ms default (KIP-854): one day.
 DEFAULT_EXPIRATION_MS = 86_400_000
-
-
-def _common(parser: argparse.ArgumentParser, output: bool = True) -> None:
-    if output:
-        parser.add_argument(
-            "--output",
-            metavar="DIR",
-            help="directory (or Hadoop URI) for Parquet and report.html; "
-            "default ./pidgate-reports/<job>/",
-        )
-    spark = parser.add_argument_group("Spark")
-    spark.add_argument(
-        "--master", metavar="URL", help="Spark master; default local[*] or spark-submit's"
-    )
-    spark.add_argument(
-        "--conf",
-        action="append",
-        default=[],
-        type=_conf_pair,
-        metavar="KEY=VALUE",
-        help="a Spark setting, repeatable, winning over pidgate's own; default: none",
-    )
-    spark.add_argument(
-        "--driver-host",
-        metavar="ADDRESS",
-        help="address the executors connect back to; default: the local address that routes "
-        "to the master's host",
-    )
-    spark.add_argument(
-        "--executor-python",
-        metavar="PATH",
-        help="the executors' Python on a cluster; default PYSPARK_PYTHON or python3",
-    )
-    spark.add_argument(
-        "--no-ship",
-        dest="ship",
-        action="store_false",
-        help="do not ship pidgate and its packages to a cluster's executors (they have them); "
-        "default: shipped for non-local masters",
-    )
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
@@ -85,94 +49,60 @@ def _conf_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
-def _expiration(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--expiration-ms",
-        type=int,
-        default=DEFAULT_EXPIRATION_MS,
-        metavar="N",
-        help="producer.id.expiration.ms (default 86400000, one day)",
-    )
-
-
-def _period(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+_EVENTS = option("--events", "event log file, directory or glob", required=True, metavar="PATH")
+_PERIOD = (
+    option(
         "--since",
-        metavar="WHEN",
-        help="only events at or after WHEN (UTC date or time, e.g. 2026-11-23 or "
+        "only events at or after WHEN (UTC date or time, e.g. 2026-11-23 or "
         "2026-11-23T14:00Z); default: from the first event",
-    )
-    parser.add_argument(
-        "--until", metavar="WHEN", help="only events before WHEN (UTC); default: to the last event"
-    )
-
-
-def add_analyze_parser(subparsers: Any) -> None:
-    """Add ``analyze`` and its jobs to the ``pidgate`` subcommands (an argparse
-    ``_SubParsersAction``)."""
-    analyze: argparse.ArgumentParser = subparsers.add_parser(
-        "analyze",
-        help="Spark jobs over the PID event log and broker log directories",
-        description="Analyse PID activity, backtest a quota, size producer state, repair "
-        "producer snapshots. Runs on embedded Spark (local[*]) unless --master says otherwise.",
-    )
-    jobs = analyze.add_subparsers(dest="job", required=True)
-
-    activity = jobs.add_parser(
-        "activity",
-        help="new PIDs per principal and hour, top offenders, recommended producer_ids_rate",
-    )
-    activity.add_argument(
-        "--events", required=True, metavar="PATH", help="event log file, directory or glob"
-    )
-    activity.add_argument(
-        "--window-seconds",
-        type=int,
-        default=3600,
-        metavar="N",
-        help="the quota window (quota.producer.id.quota.window.size.seconds) the recommended "
-        "producer_ids_rate is for; default 3600",
-    )
-    _period(activity)
-    _common(activity)
-
-    backtest = jobs.add_parser(
-        "backtest", help="what a candidate quota config would have throttled"
-    )
-    backtest.add_argument(
-        "--events", required=True, metavar="PATH", help="event log file, directory or glob"
-    )
-    backtest.add_argument(
-        "--quota-config",
-        required=True,
-        metavar="FILE",
-        help="pidgate YAML config whose quota section is the candidate",
-    )
-    backtest.add_argument(
-        "--per-instance",
-        action="store_true",
-        help="one quota manager per principal and pidgate instance (separate proxies), "
-        "instead of one per principal",
-    )
-    _period(backtest)
-    _common(backtest)
-
-    footprint = jobs.add_parser(
-        "footprint", help="PIDs per partition and broker within producer.id.expiration.ms"
-    )
-    footprint.add_argument(
-        "--log-dirs", required=True, nargs="+", metavar="PATH", help="broker log directories"
-    )
-    _expiration(footprint)
-    _common(footprint)
-
-    snapshots = jobs.add_parser("snapshots", help="rebuild missing producer snapshots")
-    snapshots.add_argument("--log-dir", required=True, metavar="PATH", help="a log directory")
-    _expiration(snapshots)
-    snapshots.add_argument(
-        "--dry-run", action="store_true", help="only list the snapshots that would be written"
-    )
-    _common(snapshots, output=False)
+        metavar="WHEN",
+    ),
+    option("--until", "only events before WHEN (UTC); default: to the last event", metavar="WHEN"),
+)
+_EXPIRATION = option(
+    "--expiration-ms",
+    "producer.id.expiration.ms (default 86400000, one day)",
+    type=int,
+    default=DEFAULT_EXPIRATION_MS,
+    metavar="N",
+)
+_OUTPUT = option(
+    "--output",
+    "directory (or Hadoop URI) for Parquet and report.html; default ./pidgate-reports/<job>/",
+    metavar="DIR",
+)
+_SPARK = Group(
+    "Spark",
+    (
+        option("--master", "Spark master; default local[*] or spark-submit's", metavar="URL"),
+        option(
+            "--conf",
+            "a Spark setting, repeatable, winning over pidgate's own; default: none",
+            action="append",
+            default=[],
+            type=_conf_pair,
+            metavar="KEY=VALUE",
+        ),
+        option(
+            "--driver-host",
+            "address the executors connect back to; default: the local address that routes "
+            "to the master's host",
+            metavar="ADDRESS",
+        ),
+        option(
+            "--executor-python",
+            "the executors' Python on a cluster; default PYSPARK_PYTHON or python3",
+            metavar="PATH",
+        ),
+        option(
+            "--no-ship",
+            "do not ship pidgate and its packages to a cluster's executors (they have them); "
+            "default: shipped for non-local masters",
+            dest="ship",
+            action="store_false",
+        ),
+    ),
+)
 
 
 def _output(args: argparse.Namespace) -> str:
@@ -226,42 +156,61 @@ def _local_paths(args: argparse.Namespace, prepared: dict[str, Any]) -> list[Any
     return checks
 
 
+def _prepare_activity(args: argparse.Namespace) -> dict[str, Any]:
+    from pidgate.pipeline.reading.inputs import InputError, check_period
+
+    period = check_period(args.since, args.until)
+    if args.window_seconds <= 0:
+        raise InputError(f"--window-seconds {args.window_seconds}: must be a positive number")
+    return _prepare_events(args, {"period": period})
+
+
+def _prepare_backtest(args: argparse.Namespace) -> dict[str, Any]:
+    from pidgate.config import ConfigError
+    from pidgate.pipeline.jobs.backtest import load_policy
+    from pidgate.pipeline.reading.inputs import InputError, check_period
+
+    period = check_period(args.since, args.until)
+    config = Path(args.quota_config)
+    if not config.is_file():
+        raise InputError(f"--quota-config {config}: no such file")
+    try:
+        policy = load_policy(config)
+    except (ConfigError, OSError, ValueError) as error:
+        reason = " ".join(str(error).split())
+        raise InputError(f"--quota-config {config}: {reason}") from None
+    return _prepare_events(args, {"period": period, "policy": policy})
+
+
+def _prepare_events(args: argparse.Namespace, prepared: dict[str, Any]) -> dict[str, Any]:
+    """The event-log jobs' last checks: the output, then the event files (the period and the
+    job's own flags were checked first)."""
+    from pidgate.pipeline.reading.inputs import event_files
+
+    _check_output(_output(args))
+    return {**prepared, "events": event_files(args.events)}
+
+
+def _prepare_footprint(args: argparse.Namespace) -> dict[str, Any]:
+    from pidgate.pipeline.reading.inputs import check_local_dirs
+
+    check_local_dirs(list(args.log_dirs), "--log-dirs")
+    _check_expiration(args.expiration_ms)
+    _check_output(_output(args))
+    return {}
+
+
+def _prepare_snapshots(args: argparse.Namespace) -> dict[str, Any]:
+    from pidgate.pipeline.reading.inputs import check_local_dirs
+
+    check_local_dirs([args.log_dir], "--log-dir")
+    _check_expiration(args.expiration_ms)
+    return {}
+
+
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything checkable without Spark, checked: raises InputError (one line)."""
-    from pidgate.pipeline.reading.inputs import (
-        InputError,
-        check_local_dirs,
-        check_period,
-        event_files,
-    )
-
-    job: str = args.job
-    prepared: dict[str, Any] = {}
-    if job in ("activity", "backtest"):
-        prepared["period"] = check_period(args.since, args.until)
-        if job == "activity" and args.window_seconds <= 0:
-            raise InputError(f"--window-seconds {args.window_seconds}: must be a positive number")
-        if job == "backtest":
-            from pidgate.config import ConfigError
-            from pidgate.pipeline.jobs.backtest import load_policy
-
-            config = Path(args.quota_config)
-            if not config.is_file():
-                raise InputError(f"--quota-config {config}: no such file")
-            try:
-                prepared["policy"] = load_policy(config)
-            except (ConfigError, OSError, ValueError) as error:
-                reason = " ".join(str(error).split())
-                raise InputError(f"--quota-config {config}: {reason}") from None
-        _check_output(_output(args))
-        prepared["events"] = event_files(args.events)
-    elif job == "footprint":
-        check_local_dirs(list(args.log_dirs), "--log-dirs")
-        _check_expiration(args.expiration_ms)
-        _check_output(_output(args))
-    elif job == "snapshots":
-        check_local_dirs([args.log_dir], "--log-dir")
-        _check_expiration(args.expiration_ms)
+    prepared = _JOBS[args.job].prepare(args)
     prepared["local_paths"] = _local_paths(args, prepared)
     return prepared
 
@@ -364,69 +313,88 @@ def _check_written(spark: Any, args: argparse.Namespace, report: Any) -> None:
             )
 
 
+def _run_activity(
+    spark: Any, args: argparse.Namespace, prepared: dict[str, Any], progress: Any
+) -> Any:
+    from pidgate.pipeline.jobs.activity import run_activity
+    from pidgate.pipeline.reading.inputs import check_remote_exists
+
+    check_remote_exists(spark, args.events, "--events")
+    since_ms, until_ms = prepared["period"]
+    return run_activity(
+        spark,
+        prepared["events"],
+        _output(args),
+        since_ms=since_ms,
+        until_ms=until_ms,
+        window_s=args.window_seconds,
+        progress=progress,
+    )
+
+
+def _run_backtest(
+    spark: Any, args: argparse.Namespace, prepared: dict[str, Any], progress: Any
+) -> Any:
+    from pidgate.pipeline.jobs.backtest import run_backtest
+    from pidgate.pipeline.reading.inputs import check_remote_exists
+
+    check_remote_exists(spark, args.events, "--events")
+    since_ms, until_ms = prepared["period"]
+    return run_backtest(
+        spark,
+        prepared["events"],
+        args.quota_config,
+        _output(args),
+        per_instance=args.per_instance,
+        since_ms=since_ms,
+        until_ms=until_ms,
+        progress=progress,
+    )
+
+
+def _run_footprint(
+    spark: Any, args: argparse.Namespace, prepared: dict[str, Any], progress: Any
+) -> Any:
+    from pidgate.pipeline.jobs.footprint import run_footprint
+    from pidgate.pipeline.reading.inputs import check_remote_exists
+
+    for path in args.log_dirs:
+        check_remote_exists(spark, path, "--log-dirs")
+    progress.stage(f"reading segments under {' '.join(args.log_dirs)} ...")
+    return run_footprint(spark, list(args.log_dirs), args.expiration_ms, _output(args))
+
+
+def _run_snapshots(
+    spark: Any, args: argparse.Namespace, prepared: dict[str, Any], progress: Any
+) -> Any:
+    """Writes no report: prints what it wrote and returns None."""
+    from pidgate.pipeline.jobs.snapshots import run_snapshots
+    from pidgate.pipeline.reading.inputs import check_remote_exists
+
+    check_remote_exists(spark, args.log_dir, "--log-dir")
+    progress.stage(f"replaying segments under {args.log_dir} ...")
+    count = run_snapshots(spark, args.log_dir, args.expiration_ms, args.dry_run)
+    verb = "would write" if args.dry_run else "wrote"
+    progress.stage("done")
+    print(f"{verb} {count} producer snapshot(s) under {args.log_dir}")
+    return None
+
+
 def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) -> int:
     if "pyspark" not in sys.modules:
         # Importing PySpark and starting its JVM take seconds: say so before, not after.
         progress.stage(f"pidgate analyze {args.job}: loading PySpark ...")
     from pyspark.sql import SparkSession
 
-    from pidgate.pipeline.reading.inputs import check_remote_exists
     from pidgate.pipeline.spark.session import stop_session
 
-    job: str = args.job
     # A session that already exists (a notebook, a test) is used and left running.
     owned = SparkSession.getActiveSession() is None
     spark = _start_spark(args, prepared, progress, owned)
     try:
-        if job == "activity":
-            from pidgate.pipeline.jobs.activity import run_activity
-
-            check_remote_exists(spark, args.events, "--events")
-            since_ms, until_ms = prepared["period"]
-            report = run_activity(
-                spark,
-                prepared["events"],
-                _output(args),
-                since_ms=since_ms,
-                until_ms=until_ms,
-                window_s=args.window_seconds,
-                progress=progress,
-            )
-        elif job == "backtest":
-            from pidgate.pipeline.jobs.backtest import run_backtest
-
-            check_remote_exists(spark, args.events, "--events")
-            since_ms, until_ms = prepared["period"]
-            report = run_backtest(
-                spark,
-                prepared["events"],
-                args.quota_config,
-                _output(args),
-                per_instance=args.per_instance,
-                since_ms=since_ms,
-                until_ms=until_ms,
-                progress=progress,
-            )
-        elif job == "footprint":
-            from pidgate.pipeline.jobs.footprint import run_footprint
-
-            for path in args.log_dirs:
-                check_remote_exists(spark, path, "--log-dirs")
-            progress.stage(f"reading segments under {' '.join(args.log_dirs)} ...")
-            report = run_footprint(spark, list(args.log_dirs), args.expiration_ms, _output(args))
-        elif job == "snapshots":
-            from pidgate.pipeline.jobs.snapshots import run_snapshots
-
-            check_remote_exists(spark, args.log_dir, "--log-dir")
-            progress.stage(f"replaying segments under {args.log_dir} ...")
-            count = run_snapshots(spark, args.log_dir, args.expiration_ms, args.dry_run)
-            verb = "would write" if args.dry_run else "wrote"
-            progress.stage("done")
-            print(f"{verb} {count} producer snapshot(s) under {args.log_dir}")
+        report = _JOBS[args.job].run(spark, args, prepared, progress)
+        if report is None:
             return 0
-        else:  # argparse only lets the jobs above through
-            print(f"pidgate analyze: unknown job {job!r}", file=sys.stderr)
-            return 2
         _check_written(spark, args, report)
         progress.stage("done")
         for line in progress.summary:
@@ -437,3 +405,103 @@ def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) 
         progress.close()
         if owned:
             stop_session()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What runs one job: its checks before Spark starts (raising InputError; the values they
+    found, for ``run``), then the job on Spark (its report's path, or None when it printed its
+    own result)."""
+
+    prepare: Callable[[argparse.Namespace], dict[str, Any]]
+    run: Callable[[Any, argparse.Namespace, dict[str, Any], Any], Any]
+
+
+_JOB_COMMANDS: tuple[Command[_Job], ...] = (
+    Command(
+        "activity",
+        "new PIDs per principal and hour, top offenders, recommended producer_ids_rate",
+        arguments=(
+            _EVENTS,
+            option(
+                "--window-seconds",
+                "the quota window (quota.producer.id.quota.window.size.seconds) the recommended "
+                "producer_ids_rate is for; default 3600",
+                type=int,
+                default=3600,
+                metavar="N",
+            ),
+            *_PERIOD,
+            _OUTPUT,
+            _SPARK,
+        ),
+        handler=_Job(_prepare_activity, _run_activity),
+    ),
+    Command(
+        "backtest",
+        "what a candidate quota config would have throttled",
+        arguments=(
+            _EVENTS,
+            option(
+                "--quota-config",
+                "pidgate YAML config whose quota section is the candidate",
+                required=True,
+                metavar="FILE",
+            ),
+            option(
+                "--per-instance",
+                "one quota manager per principal and pidgate instance (separate proxies), "
+                "instead of one per principal",
+                action="store_true",
+            ),
+            *_PERIOD,
+            _OUTPUT,
+            _SPARK,
+        ),
+        handler=_Job(_prepare_backtest, _run_backtest),
+    ),
+    Command(
+        "footprint",
+        "PIDs per partition and broker within producer.id.expiration.ms",
+        arguments=(
+            option(
+                "--log-dirs", "broker log directories", required=True, nargs="+", metavar="PATH"
+            ),
+            _EXPIRATION,
+            _OUTPUT,
+            _SPARK,
+        ),
+        handler=_Job(_prepare_footprint, _run_footprint),
+    ),
+    Command(
+        "snapshots",
+        "rebuild missing producer snapshots",
+        arguments=(
+            option("--log-dir", "a log directory", required=True, metavar="PATH"),
+            _EXPIRATION,
+            option(
+                "--dry-run", "only list the snapshots that would be written", action="store_true"
+            ),
+            _SPARK,
+        ),
+        handler=_Job(_prepare_snapshots, _run_snapshots),
+    ),
+)
+_JOBS = {command.name: command.handler for command in _JOB_COMMANDS if command.handler}
+
+#: ``pidgate analyze`` as a row of the ``pidgate`` command table, its jobs as its subcommands.
+ANALYZE_COMMAND: Command[Callable[[argparse.Namespace], int]] = Command(
+    "analyze",
+    "Spark jobs over the PID event log and broker log directories",
+    description="Analyse PID activity, backtest a quota, size producer state, repair "
+    "producer snapshots. Runs on embedded Spark (local[*]) unless --master says otherwise.",
+    handler=run_analyze,
+    subcommands=_JOB_COMMANDS,
+    subcommand_dest="job",
+)
+
+
+def add_analyze_parser(subparsers: Any) -> None:
+    """Add ``analyze`` and its jobs to the ``pidgate`` subcommands (an argparse
+    ``_SubParsersAction``)."""
+    add_commands(subparsers, (ANALYZE_COMMAND,))
