@@ -6,18 +6,20 @@ Must not import: asyncio, socket, structlog, prometheus_client, or ``pidgate.pro
 
 from pidgate.config.addresses import HostPort, parse_host_port
 from pidgate.config.loader import ConfigError, env_var_name, load_settings
+from pidgate.config.rejection_settings import RejectionSettings
+from pidgate.config.security_settings import (
+    ClientTlsSettings,
+    IdentitySettings,
+    UpstreamTlsSettings,
+)
 from pidgate.config.settings import (
     DEFAULT_USER_ENTITY,
     AdminSettings,
-    ClientTlsSettings,
-    IdentitySettings,
     LoggingSettings,
     ProxySettings,
     QuotaSettings,
-    RejectionSettings,
     Settings,
     StateSettings,
-    UpstreamTlsSettings,
     UserQuota,
 )
 
