@@ -20,7 +20,6 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from pidgate.config import ConfigError, load_settings
 from pidgate.config.command_table import Command, Exclusive, add_commands, option
 from pidgate.config.loader import service_link_variables
 from pidgate.config.serve_flags import SERVE_OPTIONS, serve_overrides
-from pidgate.pipeline.cli import ANALYZE_COMMAND
+from pidgate.pipeline.cli import ANALYZE_COMMAND, run_analyze
 
 _ENTITY_DEFAULT = option("--default", "the default user (users.<default>)", action="store_true")
 
@@ -247,8 +246,6 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _run_analyze(args: argparse.Namespace) -> int:
     if _missing("analyze", ("pyspark", "pandas", "pyarrow", "matplotlib")):
         return 2
-    from pidgate.pipeline.cli import run_analyze
-
     return run_analyze(args)
 
 
@@ -295,7 +292,7 @@ COMMANDS: tuple[Command[Handler], ...] = (
         subcommand_dest="quotas_action",
         subcommand_metavar="ACTION",
     ),
-    replace(ANALYZE_COMMAND, handler=_run_analyze),
+    ANALYZE_COMMAND._replace(handler=_run_analyze),
     Command(
         "demo",
         "embedded broker + pidgate + a steady producer and a restart storm, shown live",

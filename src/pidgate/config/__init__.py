@@ -1,6 +1,13 @@
 """One validated, immutable settings tree, built once in ``main()`` from a YAML file,
 ``PIDGATE_*`` environment variables and CLI flags (later sources win).
 
+Modules: ``settings`` (the root and most sections), ``rejection_settings`` and
+``security_settings`` (sections with a module of their own), ``sections`` (their base model and
+shared field types), ``loader`` (sources merged and validated), ``reference`` (the README's
+table), ``serve_flags`` (``pidgate serve``'s flags as settings), ``command_table`` (command
+lines declared as rows), ``addresses``, ``principal_mapping``, ``client_properties``.
+
+The bottom layer: may import pydantic, yaml and the standard library, nothing else of pidgate.
 Must not import: asyncio, socket, structlog, prometheus_client, or ``pidgate.proxy``.
 """
 

@@ -1,42 +1,23 @@
-"""``pidgate analyze <job>``: the command-line entry of every pipeline job.
+"""The jobs of ``pidgate analyze`` as rows of the command table: each job's flags, its checks
+before Spark starts (a missing path, a bad quota config or an empty period raises
+``InputError``: one line on stderr, exit code 2) and its run on Spark.
 
-``pidgate.cli`` wires this in with :func:`add_analyze_parser` and :func:`run_analyze`:
-
-* ``activity --events PATH [--since WHEN] [--until WHEN] [--output DIR] [--master URL]``
-* ``backtest --events PATH --quota-config FILE [--per-instance] [--since WHEN] [--until WHEN]
-  [--output DIR] [--master URL]``
-* ``footprint --log-dirs PATH... [--expiration-ms N] [--output DIR] [--master URL]``
-* ``snapshots --log-dir PATH [--expiration-ms N] [--dry-run] [--master URL]``
-
-Paths may be local or any Hadoop filesystem URI; ``--output`` defaults to
-``./pidgate-reports/<job>/``. ``--master`` defaults to ``local[*]`` (or the master spark-submit
-chose); every job also takes ``--conf KEY=VALUE`` (repeatable, wins), ``--driver-host``,
-``--executor-python`` and ``--no-ship`` for clusters (:mod:`pidgate.pipeline.spark.session`). On a
-cluster the executors are checked before the job (:mod:`pidgate.pipeline.spark.executors`), and
-after it a local output without data files is an error (footprint itself refuses to report
-when it read no batch).
-Job modules are imported only when their job runs.
-
-Inputs are checked before Spark starts (:mod:`pidgate.pipeline.reading.inputs`): a missing path, a
-bad
-quota config or an empty period is one line on stderr and exit code 2. While Spark runs, stage
-lines and task progress go to stderr (:mod:`pidgate.pipeline.spark.progress`); at the end a short
-summary and the report's path go to stdout.
+Owns: :data:`JOB_COMMANDS` (name, help, flags, handler), the flags several jobs share (the
+period, ``--output``, ``--expiration-ms``, the Spark group), :func:`prepare` and
+:func:`output_dir`. Job modules (``pidgate.pipeline.jobs``) are imported only when their job
+runs. Must not import: ``pidgate.pipeline.cli`` (its driver imports this), pyspark at module
+level.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from pidgate.config.command_table import Command, Group, add_commands, option
-
-__all__ = ["ANALYZE_COMMAND", "DEFAULT_EXPIRATION_MS", "add_analyze_parser", "run_analyze"]
+from pidgate.config.command_table import Command, Group, option
 
 #: Kafka's producer.id.expiration.ms default (KIP-854): one day.
 DEFAULT_EXPIRATION_MS = 86_400_000
@@ -105,7 +86,8 @@ _SPARK = Group(
 )
 
 
-def _output(args: argparse.Namespace) -> str:
+def output_dir(args: argparse.Namespace) -> str:
+    """The job's ``--output``, else ``./pidgate-reports/<job>/``."""
     output: str | None = getattr(args, "output", None)
     return output or f"./pidgate-reports/{args.job}/"
 
@@ -149,7 +131,7 @@ def _local_paths(args: argparse.Namespace, prepared: dict[str, Any]) -> list[Any
                 if not files:
                     raise InputError(f"{flag} {path}: no files there (nothing to read)")
                 checks.append(LocalPath(flag, path, files))
-    output = _output(args)
+    output = output_dir(args)
     if job != "snapshots" and is_local_path(output):
         local = Path(output.removeprefix("file://").removeprefix("file:")).expanduser()
         checks.append(LocalPath("--output", str(local.absolute()), output=True))
@@ -187,7 +169,7 @@ def _prepare_events(args: argparse.Namespace, prepared: dict[str, Any]) -> dict[
     job's own flags were checked first)."""
     from pidgate.pipeline.reading.inputs import event_files
 
-    _check_output(_output(args))
+    _check_output(output_dir(args))
     return {**prepared, "events": event_files(args.events)}
 
 
@@ -196,7 +178,7 @@ def _prepare_footprint(args: argparse.Namespace) -> dict[str, Any]:
 
     check_local_dirs(list(args.log_dirs), "--log-dirs")
     _check_expiration(args.expiration_ms)
-    _check_output(_output(args))
+    _check_output(output_dir(args))
     return {}
 
 
@@ -208,147 +190,47 @@ def _prepare_snapshots(args: argparse.Namespace) -> dict[str, Any]:
     return {}
 
 
-def _prepare(args: argparse.Namespace) -> dict[str, Any]:
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything checkable without Spark, checked: raises InputError (one line)."""
-    prepared = _JOBS[args.job].prepare(args)
+    prepared = JOBS[args.job].prepare(args)
     prepared["local_paths"] = _local_paths(args, prepared)
     return prepared
 
 
-def run_analyze(args: argparse.Namespace) -> int:
-    """Run the job ``args.job`` with the parsed arguments; the process exit code: 0 done,
-    2 bad input (one line on stderr, found before Spark starts where possible), 1 the job
-    failed (its reason in one line; ``PIDGATE_DEBUG=1`` shows the traceback)."""
-    from pidgate.pipeline.reading.inputs import InputError
+def _event_job_kwargs(
+    spark: Any, args: argparse.Namespace, prepared: dict[str, Any], progress: Any
+) -> dict[str, Any]:
+    """The keyword arguments both event-log jobs take, once their events are known to exist."""
+    from pidgate.pipeline.reading.inputs import check_remote_exists
 
-    job: str = args.job
-    prog = f"pidgate analyze {job}"
-    try:
-        prepared = _prepare(args)
-    except InputError as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return 2
-
-    from pidgate.pipeline.spark.progress import Progress
-
-    progress = Progress()
-    events = prepared.get("events")
-    try:
-        return _run_job(args, prepared, progress)
-    except InputError as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as error:
-        if os.environ.get("PIDGATE_DEBUG"):
-            raise
-        from pidgate.pipeline.spark.errors import JobError, one_line
-
-        if isinstance(error, JobError):
-            print(f"{prog}: {error}", file=sys.stderr)
-        else:
-            print(
-                f"{prog}: failed: {one_line(error)} (PIDGATE_DEBUG=1 shows the traceback)",
-                file=sys.stderr,
-            )
-        return 1
-    finally:
-        progress.close()
-        if events is not None:
-            events.cleanup()
-
-
-def _start_spark(
-    args: argparse.Namespace, prepared: dict[str, Any], progress: Any, owned: bool
-) -> Any:
-    """The session for this job; on a cluster, with its executors checked."""
-    from pidgate.pipeline.spark.masters import is_local
-    from pidgate.pipeline.spark.session import ClusterOptions, effective_master, spark_session
-
-    options = ClusterOptions(
-        conf=dict(args.conf),
-        driver_host=args.driver_host,
-        ship=args.ship,
-        executor_python=args.executor_python,
-    )
-    master = effective_master(args.master, options.conf)
-    if owned:
-        named = master or "the master spark-submit chose"
-        progress.stage(f"pidgate analyze {args.job}: starting Spark ({named}) ...")
-    spark = spark_session(args.master, app_name=f"pidgate-{args.job}", options=options)
-    progress.watch(spark)
-    if owned and master and not is_local(master):
-        from pidgate.pipeline.spark.executors import check_executors
-
-        progress.stage("checking the executors (Python, packages, local paths) ...")
-        try:
-            hosts = check_executors(spark, master, prepared["local_paths"], shipped=args.ship)
-        except BaseException:
-            from pidgate.pipeline.spark.session import stop_session
-
-            stop_session()
-            raise
-        progress.stage(f"executors ready on {', '.join(hosts)}")
-    return spark
-
-
-def _check_written(spark: Any, args: argparse.Namespace, report: Any) -> None:
-    """Raise JobError when a job's local output holds no data files (executors that wrote
-    elsewhere)."""
-    from pidgate.pipeline.reading.inputs import is_local_path
-    from pidgate.pipeline.spark.errors import JobError
-
-    output = _output(args)
-    if not is_local_path(output):
-        return
-    directory = Path(str(report)).parent
-    for table in sorted(directory.glob("*.parquet")):
-        if not any(p.name.startswith("part-") for p in table.iterdir()):
-            raise JobError(
-                f"--output {output}: {table.name} holds no data files, only what the driver "
-                "wrote: the executors wrote to a filesystem it does not see; use storage every "
-                "worker shares at the same path, or a Hadoop URI (hdfs://, s3a://)"
-            )
+    check_remote_exists(spark, args.events, "--events")
+    since_ms, until_ms = prepared["period"]
+    return {"since_ms": since_ms, "until_ms": until_ms, "progress": progress}
 
 
 def _run_activity(
     spark: Any, args: argparse.Namespace, prepared: dict[str, Any], progress: Any
 ) -> Any:
     from pidgate.pipeline.jobs.activity import run_activity
-    from pidgate.pipeline.reading.inputs import check_remote_exists
 
-    check_remote_exists(spark, args.events, "--events")
-    since_ms, until_ms = prepared["period"]
-    return run_activity(
-        spark,
-        prepared["events"],
-        _output(args),
-        since_ms=since_ms,
-        until_ms=until_ms,
-        window_s=args.window_seconds,
-        progress=progress,
-    )
+    shared = _event_job_kwargs(spark, args, prepared, progress)
+    events = prepared["events"]
+    return run_activity(spark, events, output_dir(args), window_s=args.window_seconds, **shared)
 
 
 def _run_backtest(
     spark: Any, args: argparse.Namespace, prepared: dict[str, Any], progress: Any
 ) -> Any:
     from pidgate.pipeline.jobs.backtest import run_backtest
-    from pidgate.pipeline.reading.inputs import check_remote_exists
 
-    check_remote_exists(spark, args.events, "--events")
-    since_ms, until_ms = prepared["period"]
+    shared = _event_job_kwargs(spark, args, prepared, progress)
     return run_backtest(
         spark,
         prepared["events"],
         args.quota_config,
-        _output(args),
+        output_dir(args),
         per_instance=args.per_instance,
-        since_ms=since_ms,
-        until_ms=until_ms,
-        progress=progress,
+        **shared,
     )
 
 
@@ -361,7 +243,7 @@ def _run_footprint(
     for path in args.log_dirs:
         check_remote_exists(spark, path, "--log-dirs")
     progress.stage(f"reading segments under {' '.join(args.log_dirs)} ...")
-    return run_footprint(spark, list(args.log_dirs), args.expiration_ms, _output(args))
+    return run_footprint(spark, list(args.log_dirs), args.expiration_ms, output_dir(args))
 
 
 def _run_snapshots(
@@ -380,35 +262,7 @@ def _run_snapshots(
     return None
 
 
-def _run_job(args: argparse.Namespace, prepared: dict[str, Any], progress: Any) -> int:
-    if "pyspark" not in sys.modules:
-        # Importing PySpark and starting its JVM take seconds: say so before, not after.
-        progress.stage(f"pidgate analyze {args.job}: loading PySpark ...")
-    from pyspark.sql import SparkSession
-
-    from pidgate.pipeline.spark.session import stop_session
-
-    # A session that already exists (a notebook, a test) is used and left running.
-    owned = SparkSession.getActiveSession() is None
-    spark = _start_spark(args, prepared, progress, owned)
-    try:
-        report = _JOBS[args.job].run(spark, args, prepared, progress)
-        if report is None:
-            return 0
-        _check_written(spark, args, report)
-        progress.stage("done")
-        for line in progress.summary:
-            print(line)
-        print(f"report: {report}")
-        return 0
-    finally:
-        progress.close()
-        if owned:
-            stop_session()
-
-
-@dataclass(frozen=True)
-class _Job:
+class Job(NamedTuple):
     """What runs one job: its checks before Spark starts (raising InputError; the values they
     found, for ``run``), then the job on Spark (its report's path, or None when it printed its
     own result)."""
@@ -417,7 +271,7 @@ class _Job:
     run: Callable[[Any, argparse.Namespace, dict[str, Any], Any], Any]
 
 
-_JOB_COMMANDS: tuple[Command[_Job], ...] = (
+JOB_COMMANDS: tuple[Command[Job], ...] = (
     Command(
         "activity",
         "new PIDs per principal and hour, top offenders, recommended producer_ids_rate",
@@ -435,7 +289,7 @@ _JOB_COMMANDS: tuple[Command[_Job], ...] = (
             _OUTPUT,
             _SPARK,
         ),
-        handler=_Job(_prepare_activity, _run_activity),
+        handler=Job(_prepare_activity, _run_activity),
     ),
     Command(
         "backtest",
@@ -458,7 +312,7 @@ _JOB_COMMANDS: tuple[Command[_Job], ...] = (
             _OUTPUT,
             _SPARK,
         ),
-        handler=_Job(_prepare_backtest, _run_backtest),
+        handler=Job(_prepare_backtest, _run_backtest),
     ),
     Command(
         "footprint",
@@ -471,7 +325,7 @@ _JOB_COMMANDS: tuple[Command[_Job], ...] = (
             _OUTPUT,
             _SPARK,
         ),
-        handler=_Job(_prepare_footprint, _run_footprint),
+        handler=Job(_prepare_footprint, _run_footprint),
     ),
     Command(
         "snapshots",
@@ -484,24 +338,8 @@ _JOB_COMMANDS: tuple[Command[_Job], ...] = (
             ),
             _SPARK,
         ),
-        handler=_Job(_prepare_snapshots, _run_snapshots),
+        handler=Job(_prepare_snapshots, _run_snapshots),
     ),
 )
-_JOBS = {command.name: command.handler for command in _JOB_COMMANDS if command.handler}
-
-#: ``pidgate analyze`` as a row of the ``pidgate`` command table, its jobs as its subcommands.
-ANALYZE_COMMAND: Command[Callable[[argparse.Namespace], int]] = Command(
-    "analyze",
-    "Spark jobs over the PID event log and broker log directories",
-    description="Analyse PID activity, backtest a quota, size producer state, repair "
-    "producer snapshots. Runs on embedded Spark (local[*]) unless --master says otherwise.",
-    handler=run_analyze,
-    subcommands=_JOB_COMMANDS,
-    subcommand_dest="job",
-)
-
-
-def add_analyze_parser(subparsers: Any) -> None:
-    """Add ``analyze`` and its jobs to the ``pidgate`` subcommands (an argparse
-    ``_SubParsersAction``)."""
-    add_commands(subparsers, (ANALYZE_COMMAND,))
+#: What runs each job, by name.
+JOBS = {command.name: command.handler for command in JOB_COMMANDS if command.handler}
