@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pidgate.cli import build_parser, serve_overrides
+from pidgate.cli import build_parser
 from pidgate.config import ConfigError, env_var_name, load_settings
 from pidgate.config.loader import service_link_variables
+from pidgate.config.serve_flags import serve_overrides
 
 UPSTREAM = {"proxy": {"upstream": ["127.0.0.1:9092"]}}
 

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pidgate.cli import build_parser, serve_overrides
+from pidgate.cli import build_parser
 from pidgate.config import Settings, load_settings
+from pidgate.config.serve_flags import serve_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -1,7 +1,11 @@
 """The settings tree: every key pidgate understands, its default, its unit and its validation.
 
-Owns the schema only (pydantic models, frozen). Loading and merging sources lives in
-``pidgate.config.loader``. Kafka's own names are kept where Kafka has one
+Owns the schema only (pydantic models, frozen): the root (:class:`Settings`, one field per
+section, in the order of the configuration reference) and its sections, except those with a
+module of their own: ``rejection`` (:mod:`pidgate.config.rejection_settings`) and ``identity``,
+``client_tls``, ``upstream_tls`` (:mod:`pidgate.config.security_settings`); the base model
+and ``HOST:PORT`` field type are in :mod:`pidgate.config.sections`. Loading and merging sources
+lives in ``pidgate.config.loader``. Kafka's own names are kept where Kafka has one
 (``producer.id.quota.window.size.seconds`` and friends from KIP-936), so an operator can carry
 values over from a broker config.
 
@@ -13,10 +17,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pidgate.config.addresses import HostPort, parse_host_port
-from pidgate.config.principal_mapping import PrincipalMapper, PrincipalMappingError
+from pidgate.config.rejection_settings import RejectionSettings
+from pidgate.config.sections import FrozenSection, ListenAddress, host_port_from_text
+from pidgate.config.security_settings import (
+    ClientTlsSettings,
+    IdentitySettings,
+    UpstreamTlsSettings,
+)
 
 #: The user entity Kafka uses for "every user without an explicit quota" (``users.<default>``).
 DEFAULT_USER_ENTITY = "<default>"
@@ -26,16 +36,12 @@ DEFAULT_USER_ENTITY = "<default>"
 KAFKA_SOCKET_REQUEST_MAX_BYTES = 104_857_600
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-
-
 #: ``enforce`` throttles; ``observe`` decides the same, records what it would have throttled
 #: (metrics, event log ``would_reject``, /state) and forwards every request.
 QuotaMode = Literal["enforce", "observe"]
 
 
-class UserQuota(_Frozen):
+class UserQuota(FrozenSection):
     """Quota values for one user entity (``users.<name>`` or ``users.<default>``)."""
 
     producer_ids_rate: int | None = Field(
@@ -50,11 +56,7 @@ class UserQuota(_Frozen):
     )
 
 
-def _host_port(value: object) -> object:
-    return parse_host_port(value) if isinstance(value, str) else value
-
-
-class QuotaSettings(_Frozen):
+class QuotaSettings(FrozenSection):
     """KIP-936 quota configuration, under Kafka's own key names."""
 
     window_size_seconds: int = Field(
@@ -168,102 +170,10 @@ class QuotaSettings(_Frozen):
         return self
 
 
-class RejectionSettings(_Frozen):
-    """How a throttled Produce is answered (DESIGN.md "Rejection that every client survives")."""
-
-    # Every client pidgate can run retries 19 NOT_ENOUGH_REPLICAS with the same PID and sequence
-    # (librdkafka, kafka-python, aiokafka; the Java client's NotEnoughReplicasException is
-    # retriable too). 89 THROTTLING_QUOTA_EXCEEDED says what happened, but librdkafka fails a
-    # message permanently on it, aiokafka 0.14 reports it as an unknown error and gives up, and
-    # Java clients before 2.7 do not know it: so 19 is the default for any client pidgate cannot
-    # identify, and 89 only goes to kafka-python, which retries it (tests/integration/
-    # test_throttling.py and test_client_matrix.py show each).
-    error_codes: dict[str, int] = Field(
-        # confluent-kafka-python contains "kafka-python": the longer key keeps it on 19.
-        default_factory=lambda: {
-            "default": 19,
-            "kafka-python": 89,
-            "confluent-kafka": 19,
-            "librdkafka": 19,
-        },
-        description="error code for a throttled Produce per client library, matched against "
-        "ApiVersions client_software_name, else the request's client_id (substring, "
-        "case-insensitive, longest wins); `default` otherwise",
-    )
-    # KIP-91: a producer gives a record up after delivery.timeout.ms (120 s by default) and
-    # kafka-python 3.0 pauses a connection for the whole throttle_time_ms it is sent. A short
-    # throttle keeps every client retrying, and each retry is judged again, so a producer waits
-    # only as long as the quota really makes it (README, "What throttled clients experience").
-    max_throttle_time_ms: int = Field(
-        3000,
-        ge=0,
-        description="throttle_time_ms sent with a rejection that was not held (holding off "
-        "or full) is at most this, and the client connection is not read (muted, KIP-219) "
-        "for the same time",
-    )
-    # Issue "patience": a Produce that needs tokens is held (its connection not read) until
-    # they are there, so a client spends one retry per hold instead of one per few seconds.
-    # Kafka clients time a request out after request.timeout.ms (30 s by default in Java,
-    # librdkafka, KafkaJS, kafka-python; 40 s in aiokafka) and send it as the Produce's
-    # timeout_ms: a hold never exceeds two thirds of that, nor this.
-    max_hold_ms: int = Field(
-        20_000,
-        ge=0,
-        description="longest time a throttled Produce is held (not forwarded, not answered, "
-        "its connection not read) waiting for its principal's tokens, and never past two "
-        "thirds of the request's own timeout_ms; 0 answers every throttled Produce at once",
-    )
-    max_hold_throttle_time_ms: int = Field(
-        120_000,
-        ge=0,
-        description="throttle_time_ms sent when a hold ends without tokens: the remaining "
-        "wait, at most this (the Java producer's default delivery.timeout.ms)",
-    )
-    max_held_requests: int = Field(
-        10_000,
-        ge=0,
-        description="Produce requests held at once per process; past it a throttled Produce "
-        "is answered at once (as with max_hold_ms 0)",
-    )
-    max_held_bytes: int = Field(
-        64 * 1024 * 1024,
-        ge=0,
-        description="bytes of held Produce requests per process; past it a throttled Produce "
-        "is answered at once",
-    )
-    max_mute_ms: int | None = Field(
-        None,
-        ge=0,
-        description="deprecated: the former name of max_throttle_time_ms, used only when that "
-        "is not set",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _former_name(cls, data: object) -> object:
-        if (
-            isinstance(data, dict)
-            and data.get("max_mute_ms") is not None
-            and "max_throttle_time_ms" not in data
-        ):
-            return {**data, "max_throttle_time_ms": data["max_mute_ms"]}
-        return data
-
-    @field_validator("error_codes")
-    @classmethod
-    def _has_default(cls, codes: dict[str, int]) -> dict[str, int]:
-        if "default" not in codes:
-            raise ValueError("must contain a 'default' entry")
-        for name, code in codes.items():
-            if not -1 <= code <= 32767 or code == 0:
-                raise ValueError(f"{name}: {code} is not a Kafka error code (non-zero int16)")
-        return codes
-
-
-class ProxySettings(_Frozen):
+class ProxySettings(FrozenSection):
     """Listeners, upstream brokers, routing and per-connection limits."""
 
-    listen: HostPort = Field(
+    listen: ListenAddress = Field(
         HostPort(host="127.0.0.1", port=9092),
         description="bootstrap listener HOST:PORT (loopback unless you say otherwise)",
     )
@@ -371,22 +281,20 @@ class ProxySettings(_Frozen):
         "(quota_failure_policy closed): clients retry after it",
     )
 
-    _parse_listen = field_validator("listen", mode="before")(_host_port)
-
     @field_validator("upstream", mode="before")
     @classmethod
     def _parse_upstream(cls, value: object) -> object:
         if isinstance(value, str):
             value = [part for part in value.split(",") if part.strip()]
         if isinstance(value, list):
-            return [_host_port(item) for item in value]
+            return [host_port_from_text(item) for item in value]
         return value
 
     @field_validator("advertised_endpoints", mode="before")
     @classmethod
     def _parse_endpoint_map(cls, value: object) -> object:
         if isinstance(value, dict):
-            return {str(key): _host_port(target) for key, target in value.items()}
+            return {str(key): host_port_from_text(target) for key, target in value.items()}
         return value
 
     @field_validator("advertised_endpoints")
@@ -417,7 +325,7 @@ class ProxySettings(_Frozen):
         return self
 
 
-class LoggingSettings(_Frozen):
+class LoggingSettings(FrozenSection):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     format: Literal["auto", "json", "console"] = Field(
         "auto", description="auto: pretty on a TTY, JSON Lines otherwise"
@@ -428,108 +336,11 @@ class LoggingSettings(_Frozen):
     rate_limit_interval_ms: int = Field(10_000, ge=1, description="the rate-limit interval")
 
 
-class IdentitySettings(_Frozen):
-    """Who pays for a connection's new PIDs (DESIGN.md "Identity"). pidgate never authenticates
-    anyone: with SASL it observes the exchange and believes only the broker's verdict."""
-
-    sasl: bool = Field(
-        False,
-        description="clients authenticate with SASL against the broker, through pidgate; the "
-        "principal is the user the broker accepted (until then, Produce closes the connection)",
-    )
-    fallback_principal: str = Field(
-        "User:UNIDENTIFIED",
-        description="principal for a successful SASL exchange pidgate cannot read (GSSAPI, "
-        "an unknown mechanism, an unreadable token)",
-    )
-    oauthbearer_principal_claim: str = Field(
-        "sub", min_length=1, description="JWT claim that names the OAUTHBEARER principal"
-    )
-
-    @field_validator("fallback_principal")
-    @classmethod
-    def _is_a_principal(cls, value: str) -> str:
-        kind, sep, name = value.partition(":")
-        if not sep or not kind or not name:
-            raise ValueError(f"expected a principal like User:NAME, got {value!r}")
-        return value
-
-
-def _must_exist(path: Path | None) -> Path | None:
-    if path is not None and not path.is_file():
-        raise ValueError(f"no such file: {path}")
-    return path
-
-
-class ClientTlsSettings(_Frozen):
-    """TLS terminated by pidgate on every client listener."""
-
-    enabled: bool = Field(False, description="clients connect with TLS (SSL / SASL_SSL)")
-    certfile: Path | None = Field(None, description="server certificate chain (PEM)")
-    keyfile: Path | None = Field(None, description="server private key (PEM)")
-    cafile: Path | None = Field(
-        None, description="CA bundle (PEM) that client certificates chain to"
-    )
-    client_auth: Literal["none", "requested", "required"] = Field(
-        "none",
-        description="client certificates (ssl.client.auth); with one, and without SASL, the "
-        "principal is User:<mapped certificate subject>",
-    )
-    principal_mapping_rules: str = Field(
-        "DEFAULT",
-        description="Kafka's ssl.principal.mapping.rules (KIP-371), applied to the subject DN",
-    )
-    reload_interval_ms: int = Field(
-        30_000, ge=100, description="how often certificate files are checked for changes"
-    )
-
-    _exists = field_validator("certfile", "keyfile", "cafile")(_must_exist)
-
-    @field_validator("principal_mapping_rules")
-    @classmethod
-    def _rules_parse(cls, rules: str) -> str:
-        try:
-            PrincipalMapper.parse(rules)
-        except PrincipalMappingError as error:
-            raise ValueError(str(error)) from None
-        return rules
-
-    @model_validator(mode="after")
-    def _complete(self) -> ClientTlsSettings:
-        if self.enabled and (self.certfile is None or self.keyfile is None):
-            raise ValueError("enabled needs certfile and keyfile")
-        if self.enabled and self.client_auth != "none" and self.cafile is None:
-            raise ValueError("client_auth needs cafile to verify client certificates")
-        return self
-
-
-class UpstreamTlsSettings(_Frozen):
-    """TLS from pidgate to the brokers (independent of the client side)."""
-
-    enabled: bool = Field(False, description="connect to brokers with TLS")
-    cafile: Path | None = Field(
-        None, description="CA bundle for broker certificates; default: system CAs"
-    )
-    certfile: Path | None = Field(
-        None, description="client certificate for brokers that require one"
-    )
-    keyfile: Path | None = Field(None, description="its private key")
-    check_hostname: bool = Field(True, description="verify the broker certificate's host name")
-
-    _exists = field_validator("certfile", "keyfile", "cafile")(_must_exist)
-
-    @model_validator(mode="after")
-    def _pair(self) -> UpstreamTlsSettings:
-        if (self.certfile is None) != (self.keyfile is None):
-            raise ValueError("certfile and keyfile go together")
-        return self
-
-
-class AdminSettings(_Frozen):
+class AdminSettings(FrozenSection):
     """The operator's HTTP endpoint: /metrics, /healthz, /readyz, /state."""
 
     enabled: bool = Field(True, description="serve the admin HTTP endpoint")
-    listen: HostPort = Field(
+    listen: ListenAddress = Field(
         HostPort(host="127.0.0.1", port=9404),
         description="admin HTTP HOST:PORT; loopback unless you say otherwise (it has no auth)",
     )
@@ -537,10 +348,8 @@ class AdminSettings(_Frozen):
         1000, ge=1, description="per-user metric label sets at most; the rest is user=__other__"
     )
 
-    _parse_listen = field_validator("listen", mode="before")(_host_port)
 
-
-class StateSettings(_Frozen):
+class StateSettings(FrozenSection):
     """Quota overrides and Bloom/bucket state kept across restarts."""
 
     path: Path | None = Field(
@@ -551,7 +360,7 @@ class StateSettings(_Frozen):
     )
 
 
-class SharedStoreSettings(_Frozen):
+class SharedStoreSettings(FrozenSection):
     """Optional: quota overrides shared by every pidgate through a compacted topic."""
 
     topic: str | None = Field(
@@ -569,7 +378,7 @@ class SharedStoreSettings(_Frozen):
     )
 
 
-class FleetSettings(_Frozen):
+class FleetSettings(FrozenSection):
     """Optional: instances sharing ``fleet.id`` share known PIDs and token spending through a
     topic on the upstream cluster (README "Fleets"; proxy/quota_control/fleet.py has the record
     format)."""
@@ -611,7 +420,7 @@ class FleetSettings(_Frozen):
         return self.topic or f"pidgate-fleet-{self.id}"
 
 
-class EventLogSettings(_Frozen):
+class EventLogSettings(FrozenSection):
     """The PID event log (JSON Lines) that ``pidgate analyze`` reads."""
 
     directory: Path | None = Field(
@@ -633,7 +442,7 @@ class EventLogSettings(_Frozen):
     )
 
 
-class Settings(_Frozen):
+class Settings(FrozenSection):
     """The whole, validated, immutable configuration."""
 
     proxy: ProxySettings = Field(default_factory=ProxySettings)

@@ -15,8 +15,9 @@ from kafka.protocol.admin.client_quotas import (
     DescribeClientQuotasResponse,
 )
 
-from pidgate.cli import build_parser, serve_overrides
+from pidgate.cli import build_parser
 from pidgate.config import load_settings
+from pidgate.config.serve_flags import serve_overrides
 from pidgate.protocol.client_quotas.alter import ALTER_CLIENT_QUOTAS_KEY
 from pidgate.protocol.client_quotas.describe import DESCRIBE_CLIENT_QUOTAS_KEY
 from pidgate.protocol.client_quotas.entities import MATCH_ANY
