@@ -17,12 +17,8 @@ from pidgate.protocol.produce import (
     ProduceRequestSummary,
     TopicProduce,
 )
-from pidgate.proxy.operations.metrics import (
-    LATENCY_BUCKETS_S,
-    OTHER_USER,
-    ProxyMetrics,
-    api_key_name,
-)
+from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S, OTHER_USER, api_key_name
+from pidgate.proxy.operations.metrics import ProxyMetrics
 from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
 from pidgate.quota.policy import QuotaPolicy
