@@ -42,8 +42,8 @@ from pidgate.proxy.operations.metrics_scrape import (
     quota_memory_families,
     traffic_families,
     user_key,
-    wait_families,
 )
+from pidgate.proxy.operations.metrics_waits import WAIT_FORGET_MS_DEFAULT, ProducerIdWaits
 from pidgate.proxy.quota_control.admission import ProduceContext
 from pidgate.proxy.quota_control.waiting_room import WaitingRoom
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
@@ -126,7 +126,7 @@ class ProxyMetrics:
         *,
         max_waiting_pids: int = 100_000,
         delivery_timeout_ms: int = DELIVERY_TIMEOUT_MS_DEFAULT,
-        wait_forget_ms: int = 2 * 5 * 60_000,
+        wait_forget_ms: int = WAIT_FORGET_MS_DEFAULT,
         on_long_wait: Callable[[str, int, int, int], None] | None = None,
     ) -> None:
         if max_user_labels < 1:
@@ -139,15 +139,6 @@ class ProxyMetrics:
         self._now_ms = now_ms
         self._max_user_labels = max_user_labels
         self._user_idle_ms = user_idle_ms
-        self._max_waiting_pids = max_waiting_pids
-        self._delivery_timeout_ms = delivery_timeout_ms
-        # KIP-91 caps delivery.timeout.ms only by the user's patience; 2x the usual upper
-        # setting (5 min) covers clients that raised it, after which a PID still "waiting" is a
-        # producer that gave up or went away, and keeping it would only hold memory.
-        self._wait_forget_ms = wait_forget_ms
-        #: Told (principal, producer_id, waited_ms, threshold_ms) once when a rejected PID is
-        #: rejected again past half of delivery.timeout.ms, and once past all of it (the log).
-        self._on_long_wait = on_long_wait
 
         # -- traffic (hot path: list index += int) --
         slots = API_SLOTS + 1
@@ -180,14 +171,12 @@ class ProxyMetrics:
         self._frontier_probed_ms: int | None = None
         self._frontier_probes = {"ok": 0, "failed": 0}
 
-        # -- KIP-91: (user label key, PID) -> (first rejection ms * 4 + thresholds reported,
-        # the client connection it was last rejected on), oldest first. One small tuple per
-        # wait (up to max_waiting_pids of them): a PID storm fills this table. --
-        self._waiting: OrderedDict[tuple[str, int], tuple[int, str]] = OrderedDict()
-        self._waits_dropped = 0
-        #: Waits per client connection: a wait ends with its client's connection (a producer
-        #: that went away is not waiting), found by one scan when such a connection closes.
-        self._waits_per_peer: dict[str, int] = {}
+        # -- KIP-91: how long rejected PIDs have been waiting --
+        self._waits = ProducerIdWaits(
+            max_waiting_pids, delivery_timeout_ms, wait_forget_ms, on_long_wait
+        )
+        # The same table, for the one look at it every admission makes.
+        self._waiting = self._waits.table
 
         #: What ``render_in_steps`` prepared, for the ``collect`` it drives.
         self._prepared: _Prepared | None = None
@@ -215,20 +204,8 @@ class ProxyMetrics:
     def connection_closed(self, peer: str | None = None) -> None:
         """``peer``: the client connection's address; the PIDs waiting on it stop waiting."""
         self._connections_closed += 1
-        if peer is not None and self._waits_per_peer.pop(peer, 0):
-            waiting = self._waiting
-            for key in [key for key, (_, on) in waiting.items() if on == peer]:
-                del waiting[key]
-
-    def _drop_wait(self, wait: tuple[int, str] | None) -> None:
-        if wait is None:
-            return
-        peer = wait[1]
-        left = self._waits_per_peer.get(peer, 0) - 1
-        if left > 0:
-            self._waits_per_peer[peer] = left
-        else:
-            self._waits_per_peer.pop(peer, None)
+        if peer is not None:
+            self._waits.connection_closed(peer)
 
     def request(self, api_key: int, size_bytes: int) -> None:
         slot = api_key if 0 <= api_key < API_SLOTS else _OTHER_API
@@ -290,56 +267,21 @@ class ProxyMetrics:
         now = self._now_ms()
         key = user_key(context.principal)
         user = self._user(key, now, context.principal)
-        waiting = self._waiting
         if isinstance(decision, Admitted):
             new_ids = decision.new_producer_ids
             user.new_producer_ids += len(new_ids)
             user.grandfathered_producer_ids += len(decision.grandfathered_producer_ids)
             user.throttle_time_ms = 0  # admitted: this user's latest decision throttles nothing
             self._producer_ids_refreshed += decision.refreshed_count
-            if waiting:
-                for pid in new_ids:
-                    self._drop_wait(waiting.pop((key, pid), None))
+            if self._waiting:
+                self._waits.admitted(key, new_ids)
         else:
             user.produce_requests_rejected += 1
             user.producer_ids_rejected += len(decision.unknown_producer_ids)
             user.throttle_time_ms = decision.throttle_time_ms
-            self._forget_old_waits(now)
-            peer = context.peer
-            per_peer = self._waits_per_peer
-            for pid in decision.unknown_producer_ids:
-                wait_key = (key, pid)
-                wait = waiting.get(wait_key)
-                if wait is not None:  # a retry: the wait started at the first rejection
-                    packed = wait[0]
-                    if self._on_long_wait is not None:
-                        packed = self._report_long_wait(context.principal, pid, packed, now)
-                    if packed != wait[0] or wait[1] != peer:  # reported, or a new connection
-                        self._drop_wait(wait)
-                        waiting[wait_key] = (packed, peer)
-                        per_peer[peer] = per_peer.get(peer, 0) + 1
-                    continue
-                user.producer_ids_throttled += 1
-                if len(waiting) >= self._max_waiting_pids:
-                    self._drop_wait(waiting.popitem(last=False)[1])
-                    self._waits_dropped += 1
-                waiting[wait_key] = (now * 4, peer)
-                per_peer[peer] = per_peer.get(peer, 0) + 1
-
-    def _report_long_wait(self, principal: str, pid: int, packed: int, now: int) -> int:
-        """KIP-91: say so once when a PID has waited half of delivery.timeout.ms (the operator
-        can still raise the quota before records fail) and once when it has waited all of it.
-        ``packed`` is first rejection ms * 4 + thresholds reported; returns it updated."""
-        first_ms, reported = divmod(packed, 4)
-        waited_ms = now - first_ms
-        for level, threshold_ms in enumerate(
-            (self._delivery_timeout_ms // 2, self._delivery_timeout_ms), start=1
-        ):
-            if reported < level and waited_ms >= threshold_ms:
-                reported = level
-                assert self._on_long_wait is not None
-                self._on_long_wait(principal, pid, waited_ms, threshold_ms)
-        return first_ms * 4 + reported
+            self._waits.rejected(
+                key, decision.unknown_producer_ids, context.principal, context.peer, now, user
+            )
 
     def on_would_reject(
         self, context: ProduceContext, request: ProduceRequestSummary, rejected: Rejected
@@ -376,15 +318,6 @@ class ProxyMetrics:
         if self._other_used and self._other.last_seen_ms <= horizon:
             self._other = UserCounters(0, OTHER_USER)
             self._other_used = False
-
-    def _forget_old_waits(self, now: int) -> None:
-        waiting = self._waiting
-        horizon = now - self._wait_forget_ms
-        while waiting:
-            first_ms = next(iter(waiting.values()))[0] // 4
-            if first_ms > horizon:
-                break
-            self._drop_wait(waiting.popitem(last=False)[1])
 
     # -- scrape --------------------------------------------------------------------------------
 
@@ -497,21 +430,18 @@ class ProxyMetrics:
         quota snapshot per label, the labels, the per-user families and the waits."""
         quota_by_label = yield from self._label_quota_states(self._now_ms(), step_principals)
         now = self._now_ms()  # the quota pass may have taken many turns of the event loop
-        self._forget_old_waits(now)
+        self._waits.forget_old(now)
         labelled: list[tuple[str, UserCounters]] = list(self._users.items())
         if self._other_used:
             labelled.append((OTHER_USER, self._other))
         # The waits read live tables: taken in the same step as the labels they are filed under
         # (a user labelled after this step would have waits under no label of this scrape).
-        waits = wait_families(
+        waits = self._waits.families(
             now,
-            self._waiting,
             users=self._users,
             labelled=labelled,
             other_used=self._other_used,
             label_values=self._label_values,
-            delivery_timeout_ms=self._delivery_timeout_ms,
-            waits_dropped=self._waits_dropped,
         )
         per_user = yield from per_user_families(
             quota_by_label, labelled, self._label_values, step_labels, self._producer_ids_refreshed

@@ -2,11 +2,12 @@
 
 Owns: the per-user counters the request path adds to (``UserCounters``) and the quota
 snapshot of one label (``QuotaAggregate``), ``user_key``, and one function per group of
-families (per user, waits, frontier, quota memory, traffic, holds, event log, build).
+families (per user, frontier, quota memory, traffic, holds, event log, build; the KIP-91 wait
+families are built by ``metrics_waits``).
 Which family reads which value is declared in tables here; the families themselves (name,
 type, HELP, labels) in ``metric_families``. Nothing here runs on the request path.
 
-Must not import: ``metrics`` (``ProxyMetrics`` calls us), asyncio, socket, structlog, the
+Must not import: ``metrics`` or ``metrics_waits`` (they call us), asyncio, socket, structlog, the
 connection or server modules.
 """
 
@@ -35,6 +36,7 @@ from pidgate.quota.policy import user_name
 __all__ = [
     "QuotaAggregate",
     "UserCounters",
+    "empty_families",
     "event_log_families",
     "frontier_families",
     "hold_families",
@@ -42,7 +44,6 @@ __all__ = [
     "quota_memory_families",
     "traffic_families",
     "user_key",
-    "wait_families",
 ]
 
 #: Principals come from authentication (SASL, mTLS subject); a label this long is already absurd,
@@ -126,7 +127,7 @@ class QuotaAggregate:
 _Source = TypeVar("_Source")
 
 
-def _empty_families(
+def empty_families(
     sources: Iterable[tuple[FamilySpec, _Source]],
 ) -> list[tuple[SampleFamily, _Source]]:
     """An empty family per spec, each beside where its sample values come from."""
@@ -184,7 +185,7 @@ def per_user_families(
     """The per-user families, yielding after every ``step_labels`` label values (the label
     values are read as each step reaches them: users may come and go between steps)."""
     rate = families.PRODUCER_IDS_RATE.labelled()
-    from_quota = _empty_families(_FROM_QUOTA)
+    from_quota = empty_families(_FROM_QUOTA)
     for done, (label, aggregate) in enumerate(quota_by_label.items(), 1):
         values = label_values(label)
         if label != OTHER_USER:
@@ -193,7 +194,7 @@ def per_user_families(
             family.add_metric(values, quota_value_of(aggregate))
         if done % step_labels == 0:
             yield
-    from_counters = _empty_families(_FROM_COUNTERS)
+    from_counters = empty_families(_FROM_COUNTERS)
     for done, (label, user) in enumerate(labelled, 1):
         values = label_values(label)
         for family, counter_value_of in from_counters:
@@ -214,61 +215,6 @@ def per_user_families(
     ]
     by_name = {family.name: family for family in built}
     return [by_name[spec.name] for spec in _PER_USER_ORDER]
-
-
-def wait_families(
-    now_ms: int,
-    waiting: Mapping[tuple[str, int], tuple[int, str]],
-    *,
-    users: Mapping[str, UserCounters],
-    labelled: list[tuple[str, UserCounters]],
-    other_used: bool,
-    label_values: LabelValues,
-    delivery_timeout_ms: int,
-    waits_dropped: int,
-) -> list[Metric]:
-    """KIP-91: a throttled producer retries until delivery.timeout.ms (120 s by default),
-    then fails its records; how long rejected PIDs have been waiting says whether that
-    is happening. ``waiting``: (user label key, PID) -> (first rejection ms * 4 + thresholds
-    reported, peer), oldest first."""
-    oldest: dict[str, int] = {}
-    count: dict[str, int] = {}
-    over: dict[str, int] = {}
-    over_half: dict[str, int] = {}
-    late = now_ms - delivery_timeout_ms
-    half_late = now_ms - delivery_timeout_ms // 2
-    for (key, _pid), (packed, _) in waiting.items():  # oldest first
-        first_ms = packed // 4
-        label = key if key in users else OTHER_USER
-        if label not in oldest:
-            oldest[label] = first_ms
-        count[label] = count.get(label, 0) + 1
-        if first_ms < half_late:
-            over_half[label] = over_half.get(label, 0) + 1
-            if first_ms < late:
-                over[label] = over.get(label, 0) + 1
-    wait_max = families.PRODUCER_ID_WAIT_SECONDS_MAX.labelled()
-    counted = _empty_families(
-        (
-            (families.PRODUCER_IDS_WAITING, count),
-            (families.PRODUCER_IDS_WAITING_OVER_HALF_DELIVERY_TIMEOUT, over_half),
-            (families.PRODUCER_IDS_WAITING_OVER_DELIVERY_TIMEOUT, over),
-        )
-    )
-    labels = [label for label, _ in labelled]
-    if OTHER_USER in oldest and not other_used:
-        labels.append(OTHER_USER)  # waits of users whose label was freed while idle
-    for label in labels:
-        values = label_values(label)
-        first = oldest.get(label)
-        wait_max.add_metric(values, 0.0 if first is None else (now_ms - first) / 1000)
-        for family, counts in counted:
-            family.add_metric(values, counts.get(label, 0))
-    return [
-        wait_max,
-        *(family for family, _ in counted),
-        families.PRODUCER_ID_WAITS_DROPPED.of(waits_dropped),
-    ]
 
 
 # -- the proxy as a whole -------------------------------------------------------------------------
@@ -299,7 +245,7 @@ def traffic_families(
 ) -> Iterator[Metric]:
     """Requests, bytes and upstream latency by api key, from lists indexed by api key (the last
     slot: keys outside the counted range). ``latency_counts``: non-cumulative bucket counts."""
-    by_api_key = _empty_families(
+    by_api_key = empty_families(
         (
             (families.REQUESTS, requests),
             (families.REQUEST_BYTES, request_bytes),
