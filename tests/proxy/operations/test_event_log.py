@@ -25,7 +25,9 @@ from pidgate.protocol.produce import (
     ProduceRequestSummary,
     TopicProduce,
 )
-from pidgate.proxy.operations.event_log import EVENT_FIELDS, EventLog, _OpenFile, event_file_name
+from pidgate.proxy.operations.event_format import EVENT_FIELDS, event_file_name
+from pidgate.proxy.operations.event_format import OpenEventFile as _OpenFile
+from pidgate.proxy.operations.event_log import EventLog
 from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
 
