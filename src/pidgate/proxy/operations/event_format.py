@@ -37,8 +37,8 @@ gzip), with every character of the instance outside ``[A-Za-z0-9._-]`` written a
 default instance ``127.0.0.1:29192`` becomes ``127.0.0.1_29192``: Hadoop filesystems, and so
 Spark, reject a colon in a file name; the ``instance`` field inside the events is unchanged).
 
-Owns: ``EVENT_FIELDS``, the event kinds, ``event_line`` and the lines of a Produce decision
-and of an InitProducerId answer, ``event_file_name`` and ``OpenEventFile``.
+Owns: ``EVENT_FIELDS``, the event kinds, ``event_line`` (every line is one), the lines of a
+Produce decision (``produce_event_lines``), ``event_file_name`` and ``OpenEventFile``.
 
 Must not import: ``event_log`` (it writes what we format), threading, the connection or server
 modules.
@@ -74,7 +74,6 @@ __all__ = [
     "event_file_name",
     "event_line",
     "first_batches",
-    "init_producer_id_line",
     "produce_event_lines",
 ]
 
@@ -215,41 +214,6 @@ def produce_event_lines(
             )
         )
     return lines
-
-
-def init_producer_id_line(
-    principal: str,
-    client_id: str | None,
-    client_software: str | None,
-    producer_id: int,
-    producer_epoch: int,
-    transactional: bool,
-    *,
-    ts_ms: int,
-    node_id: int | None,
-    instance: str,
-    request_id: int,
-) -> str:
-    """The line of one InitProducerId answer: the cluster handed ``producer_id`` (epoch
-    ``producer_epoch``) to ``principal``; ``transactional``: the request named a transactional
-    id; ``node_id``: the broker that answered, when known."""
-    return event_line(
-        ts_ms=ts_ms,
-        event=INIT_PRODUCER_ID,
-        principal=principal,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        client_id=client_id,
-        client_software=client_software,
-        topic=None,
-        partition=None,
-        node_id=node_id,
-        instance=instance,
-        throttle_ms=None,
-        tokens=None,
-        request_id=request_id,
-        transactional=transactional,
-    )
 
 
 _UNSAFE_IN_FILE_NAME: Final = re.compile(r"[^A-Za-z0-9._-]")

@@ -41,12 +41,13 @@ from pidgate.proxy.logs import get_logger
 from pidgate.proxy.operations.event_format import (
     ADMITTED_GRANDFATHERED,
     ADMITTED_NEW,
+    INIT_PRODUCER_ID,
     REJECTED,
     WOULD_REJECT,
     OpenEventFile,
     event_file_name,
+    event_line,
     first_batches,
-    init_producer_id_line,
     produce_event_lines,
 )
 from pidgate.proxy.quota_control.admission import ProduceContext
@@ -259,17 +260,22 @@ class EventLog:
         ``producer_epoch``) to ``principal``; ``transactional``: the request named a
         transactional id. ``ts_ms`` defaults to ``now_ms()``; ``node_id``: the broker that
         answered, when known."""
-        line = init_producer_id_line(
-            principal,
-            client_id,
-            client_software,
-            producer_id,
-            producer_epoch,
-            transactional,
+        line = event_line(
             ts_ms=self._now_ms() if ts_ms is None else ts_ms,
+            event=INIT_PRODUCER_ID,
+            principal=principal,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            client_id=client_id,
+            client_software=client_software,
+            topic=None,
+            partition=None,
             node_id=node_id,
             instance=self.instance,
+            throttle_ms=None,
+            tokens=None,
             request_id=self._next_request_id(),
+            transactional=transactional,
         )
         self._enqueue([line])
 
