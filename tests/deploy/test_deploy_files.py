@@ -38,7 +38,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "pidgate.json"
 KUBERNETES = DEPLOY / "kubernetes"
 
 #: The metric names dashboards and alerts may rely on (the contract with
-#: proxy/operations/metrics.py).
+#: proxy/operations/metric_families.py).
 CONTRACT_METRICS = frozenset(
     {
         "pidgate_producer_ids_rate",

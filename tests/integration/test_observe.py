@@ -22,7 +22,7 @@ from pidgate.config import LoggingSettings
 from pidgate.demo.broker import EmbeddedBroker
 from pidgate.proxy.background import BackgroundProxy
 from pidgate.proxy.logs import configure_logging
-from pidgate.proxy.operations.event_log import EVENT_FIELDS
+from pidgate.proxy.operations.event_format import EVENT_FIELDS
 from tests.integration.conftest import proxy_settings
 from tests.integration.helpers import (
     KafkaSocket,

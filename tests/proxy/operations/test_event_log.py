@@ -21,7 +21,9 @@ import pytest
 
 from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
 from pidgate.protocol.record_batches import BatchHeader
-from pidgate.proxy.operations.event_log import EVENT_FIELDS, EventLog, _OpenFile, event_file_name
+from pidgate.proxy.operations.event_format import EVENT_FIELDS, event_file_name
+from pidgate.proxy.operations.event_format import OpenEventFile as _OpenFile
+from pidgate.proxy.operations.event_log import EventLog
 from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
 

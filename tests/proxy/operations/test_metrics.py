@@ -13,12 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pidgate.protocol.produce import PartitionProduce, ProduceRequestSummary, TopicProduce
 from pidgate.protocol.record_batches import BatchHeader
-from pidgate.proxy.operations.metrics import (
-    LATENCY_BUCKETS_S,
-    OTHER_USER,
-    ProxyMetrics,
-    api_key_name,
-)
+from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S, OTHER_USER, api_key_name
+from pidgate.proxy.operations.metrics import ProxyMetrics
 from pidgate.proxy.quota_control.admission import Gatekeeper, ProduceContext
 from pidgate.quota.manager import Admitted, Decision, QuotaManager, Rejected
 from pidgate.quota.policy import QuotaPolicy
