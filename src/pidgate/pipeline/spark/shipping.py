@@ -11,9 +11,11 @@ new one. Spark unpacks it on each executor as ``./pidgate-env`` (``spark.archive
 executors' ``PYTHONPATH`` points there; it works when the workers run the same Python minor
 version on the same platform as the driver (compiled extensions inside).
 
-Must not import pyspark: this is plain file work, testable without a JVM.
+After building a new archive it prunes the cache (:func:`prune_cache`): older archives beyond
+the newest :data:`KEPT_ARCHIVES`, and partial builds abandoned by a killed process, so a host
+does not pile up about 120 MB per pidgate version.
 
-Must not import pyspark, a job or ``outputs``.
+Must not import pyspark, a job or ``outputs``: this is plain file work, testable without a JVM.
 """
 
 from __future__ import annotations
@@ -26,11 +28,21 @@ import re
 import sys
 import tarfile
 import tempfile
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pidgate
 
-__all__ = ["ARCHIVE_ALIAS", "cache_dir", "executor_archive", "shipped_distributions"]
+__all__ = [
+    "ARCHIVE_ALIAS",
+    "KEPT_ARCHIVES",
+    "cache_dir",
+    "executor_archive",
+    "prune_cache",
+    "shipped_distributions",
+    "stale_archives",
+]
 
 #: The directory name the archive unpacks to on every executor (``spark.archives`` ``#alias``).
 ARCHIVE_ALIAS = "pidgate-env"
@@ -45,6 +57,24 @@ _NOT_SHIPPED = frozenset({"pyspark", "py4j", "pidgate", "uvloop"})
 _SKIPPED_DIRS = frozenset({"__pycache__", "tests", "include"})
 _SKIPPED_SUFFIXES = (".pyc", ".pyx", ".pxd", ".pxi", ".h", ".hpp", ".cc", ".cpp")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+#: Archives kept in the cache after a build: the new one and the most recent previous one. Two,
+#: not one, so two installations on one host (a rolling upgrade, a checkout beside a release)
+#: keep one archive each instead of deleting and rebuilding each other's on every run; more
+#: would keep 120 MB per version for versions that rarely come back.
+#: (A third installation on the host rebuilds its archive on its next run after a prune.)
+KEPT_ARCHIVES = 2
+# What pidgate names its archives (``pidgate-env-<tag>-<digest>.tar.gz``): the only files
+# pruning removes besides partial builds.
+_ARCHIVE_NAME = re.compile(r"^pidgate-env-py\d+-[A-Za-z0-9_.]+-[0-9a-f]{16}\.tar\.gz$")
+# A build in progress: ``mkstemp`` names, this module's prefix, or ``tmp`` from versions before
+# it had one.
+_PARTIAL_PREFIX = "pidgate-env-"
+_PARTIAL_SUFFIX = ".tar.gz.part"
+_PARTIAL_NAME = re.compile(r"^(?:pidgate-env-|tmp)[a-z0-9_]{8}(?:\.tar\.gz)?\.part$")
+# A builder writes its partial file continuously for tens of seconds, so one untouched for an
+# hour belongs to a process that died (killed, host rebooted): safe to remove.
+_ABANDONED_AFTER_S = 3600.0
 
 
 def _normal(name: str) -> str:
@@ -143,7 +173,9 @@ def executor_archive() -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     members = own + [item for dist in dists for item in _dist_files(dist)]
-    handle, temporary = tempfile.mkstemp(dir=target.parent, suffix=".part")
+    handle, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=_PARTIAL_PREFIX, suffix=_PARTIAL_SUFFIX
+    )
     os.close(handle)
     try:
         # Level 1: a third of the size at a fraction of level 9's time (mostly .so files).
@@ -154,4 +186,95 @@ def executor_archive() -> Path:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+    prune_cache(target)
     return target
+
+
+def stale_archives(mtimes_ns: Mapping[Path, int], keep: int, current: Path) -> list[Path]:
+    """Of the files in ``mtimes_ns`` (path: modification time), pidgate's archives to remove:
+    all but ``current`` and the ``keep - 1`` most recently built others. Files not named like
+    an archive are never in the answer."""
+    others = [path for path in mtimes_ns if path != current and _ARCHIVE_NAME.match(path.name)]
+    others.sort(key=lambda path: (mtimes_ns[path], path.name), reverse=True)
+    return others[max(keep - 1, 0) :]
+
+
+def _abandoned_partials(mtimes_ns: Mapping[Path, int], now_ns: int) -> list[Path]:
+    limit_ns = now_ns - int(_ABANDONED_AFTER_S * 1e9)
+    return [
+        path
+        for path, mtime_ns in mtimes_ns.items()
+        if _PARTIAL_NAME.match(path.name) and mtime_ns < limit_ns
+    ]
+
+
+def _regular_files(directory: Path) -> dict[Path, int]:
+    """Regular files directly in ``directory`` with their mtimes (ns); a file that vanishes
+    while listed is left out."""
+    found = {}
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    found[Path(entry.path)] = entry.stat(follow_symlinks=False).st_mtime_ns
+            except FileNotFoundError:
+                continue
+    return found
+
+
+def _shown(directory: Path) -> str:
+    home = os.path.expanduser("~")
+    text = str(directory)
+    if home not in ("~", "/") and text.startswith(home + os.sep):
+        return "~" + text[len(home) :]
+    return text
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def _pruned_line(archives: int, partials: int, size_bytes: int, failures: list[OSError]) -> str:
+    """What pruning did, for one stderr line ("" when it did nothing)."""
+    removed = [_count(archives, "older executor archive")] if archives else []
+    removed += [_count(partials, "abandoned partial build")] if partials else []
+    line = f"removed {' and '.join(removed)} ({size_bytes / 1e6:.0f} MB)" if removed else ""
+    if failures:
+        cause = failures[-1].strerror or type(failures[-1]).__name__
+        line += (
+            "; " if line else ""
+        ) + f"could not remove {_count(len(failures), 'file')} ({cause})"
+    return line
+
+
+def prune_cache(current: Path) -> None:
+    """Remove older archives beyond :data:`KEPT_ARCHIVES` and abandoned partial builds from
+    ``current``'s directory, and say so in one line on stderr. Never raises for a file it
+    cannot remove (the job goes on): another process may have removed it first, or it is not
+    ours to remove."""
+    directory = current.parent
+    try:
+        files = _regular_files(directory)
+    except OSError as error:
+        print(f"could not list {_shown(directory)} to prune it: {error}", file=sys.stderr)
+        return
+    archives = stale_archives(files, KEPT_ARCHIVES, current)
+    partials = _abandoned_partials(files, time.time_ns())
+    removed: list[Path] = []
+    removed_bytes = 0
+    failures: list[OSError] = []
+    for path in archives + partials:
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            continue  # another builder pruned it first
+        except OSError as error:
+            failures.append(error)
+            continue
+        removed.append(path)
+        removed_bytes += size
+    removed_archives = sum(1 for path in removed if path in archives)
+    line = _pruned_line(removed_archives, len(removed) - removed_archives, removed_bytes, failures)
+    if line:
+        print(f"{line} from {_shown(directory)}", file=sys.stderr, flush=True)
