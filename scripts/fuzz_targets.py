@@ -1,0 +1,309 @@
+"""The fuzz targets and their seeds, for ``scripts/fuzz.py`` and the hypothesis properties in
+``tests/protocol/test_fuzz_properties.py``.
+
+Owns: ``TARGETS`` (name -> a function feeding one input to a sans-IO protocol entry point; the
+leading byte(s) of the input select the version or mode) and ``build_seeds`` (valid messages
+built with kafka-python). Imports only ``pidgate.protocol`` and kafka-python: no engine, no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from pidgate.protocol import api_versions, endpoints, headers
+from pidgate.protocol import init_producer_id as ipid
+from pidgate.protocol.client_quotas.alter import split_alter_request
+from pidgate.protocol.client_quotas.describe import split_describe_request
+from pidgate.protocol.client_quotas.entities import QuotaEntity
+from pidgate.protocol.errors import ProtocolError
+from pidgate.protocol.framing import FrameDecoder
+from pidgate.protocol.produce import parse_produce_request
+from pidgate.protocol.record_batches import iter_batch_headers
+from pidgate.protocol.sasl import SaslObserver
+
+# --- targets: bytes -> None; the leading byte(s) select the version / mode -------------------
+
+
+def t_framing(data: bytes) -> None:
+    if not data:
+        return
+    max_frame = data[0] * 8
+    dec = FrameDecoder(max_frame)
+    rest = data[1:]
+    i = 0
+    out = bytearray()
+    step = 1 + (data[0] % 13)
+    while i < len(rest):
+        chunk = rest[i : i + step]
+        i += step
+        for f in dec.feed(chunk):
+            size = struct.unpack(">i", f[:4])[0]
+            assert size == len(f) - 4 <= max_frame, "frame size mismatch"
+            out += f
+        assert dec.buffered_bytes <= max_frame + 4, "decoder buffers more than one frame"
+    assert bytes(out) == rest[: len(out)], "frames are not the input in order"
+
+
+def t_produce(data: bytes) -> None:
+    if not data:
+        return
+    summary = parse_produce_request(data[1:], 3 + data[0] % 11)
+    for _t, _p, batch in summary.iter_batches():
+        _ = (batch.is_transactional, batch.is_control, batch.compression_type)
+    pids = summary.producer_ids()
+    _ = summary.partition_count
+    for pid in sorted(pids)[:3]:
+        summary.first_batch_for(pid)
+
+
+def t_batches(data: bytes) -> None:
+    if not data:
+        return
+    for batch in iter_batch_headers(data[1:], allow_partial_tail=bool(data[0] & 1)):
+        _ = (batch.is_transactional, batch.is_control, batch.compression_type)
+
+
+def t_sasl(data: bytes) -> None:
+    """A sequence of observer calls: [op, version, len, body...]*; errors end only that call."""
+    obs = SaslObserver()
+    pos = 0
+    while pos + 3 <= len(data):
+        op, version, n = data[pos], data[pos + 1], data[pos + 2]
+        body = data[pos + 3 : pos + 3 + n]
+        pos += 3 + n
+        try:
+            match op % 7:
+                case 0:
+                    obs.on_handshake_request(body, version % 3)
+                case 1:
+                    obs.on_handshake_response(body, version % 3)
+                case 2:
+                    obs.on_authenticate_request(body, version % 4)
+                case 3:
+                    obs.on_authenticate_response(body, version % 4)
+                case 4:
+                    if not obs.raw_client_frame_is_request(body):
+                        obs.on_raw_client_token(body)
+                case 5:
+                    obs.on_raw_client_token(body)
+                case _:
+                    obs.on_raw_server_token(body)
+        except ProtocolError:
+            pass
+        _ = (obs.authenticated, obs.session_lifetime_ms, obs.in_progress, obs.expects_raw_tokens)
+        _ = (obs.authzid_mismatch, obs.last_error_code, repr(obs))
+
+
+_ENDPOINT_KEYS = (0, 3, 10, 60)
+
+
+def _to_proxy(ep: endpoints.BrokerEndpoint) -> tuple[str, int]:
+    return "pidgate.local", 19000 + (ep.node_id & 0xFF)
+
+
+def t_endpoints(data: bytes) -> None:
+    if len(data) < 2:
+        return
+    key = _ENDPOINT_KEYS[data[0] % 4]
+    version = data[1] % 16
+    body = data[2:]
+    endpoints.rewrite_endpoints(key, version, body, _to_proxy)
+    endpoints.endpoints_in_response(key, version, body)
+
+
+def t_api_versions_request(data: bytes) -> None:
+    if data:
+        api_versions.parse_api_versions_request(data[1:], data[0] % 6)
+
+
+_LIMITS = api_versions.proxy_api_version_limits()
+_LOCAL = {48: (0, 1), 49: (0, 1)}
+
+
+def t_api_versions_response(data: bytes) -> None:
+    if data:
+        local = _LOCAL if data[0] & 0x80 else None
+        api_versions.narrow_api_versions_response(data[1:], (data[0] & 0x7F) % 6, _LIMITS, local)
+
+
+def t_request_header(data: bytes) -> None:
+    headers.parse_request_header(data)
+
+
+def t_response_header(data: bytes) -> None:
+    if len(data) >= 2:
+        headers.parse_response_header(data[2:], data[0] % 80, data[1] % 20)
+
+
+def t_alter_quotas(data: bytes) -> None:
+    if data:
+        plan = split_alter_request(
+            data[1:], (data[0] & 0x7F) % 3, broker_supports=bool(data[0] & 0x80)
+        )
+        _ = plan.our_changes
+
+
+def t_describe_quotas(data: bytes) -> None:
+    if data:
+        plan = split_describe_request(
+            data[1:], (data[0] & 0x7F) % 3, broker_supports=bool(data[0] & 0x80)
+        )
+        plan.matches(QuotaEntity.named("alice"))
+        plan.matches(QuotaEntity.default())
+
+
+def t_init_pid_request(data: bytes) -> None:
+    if data:
+        ipid.parse_init_producer_id_request(data[1:], data[0] % 8)
+
+
+def t_init_pid_response(data: bytes) -> None:
+    if data:
+        ipid.parse_init_producer_id_response(data[1:], data[0] % 8)
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "framing": t_framing,
+    "produce": t_produce,
+    "batches": t_batches,
+    "sasl": t_sasl,
+    "endpoints": t_endpoints,
+    "api_versions_request": t_api_versions_request,
+    "api_versions_response": t_api_versions_response,
+    "request_header": t_request_header,
+    "response_header": t_response_header,
+    "alter_quotas": t_alter_quotas,
+    "describe_quotas": t_describe_quotas,
+    "init_pid_request": t_init_pid_request,
+    "init_pid_response": t_init_pid_response,
+}
+
+# --- seeds: valid messages built with kafka-python ---------------------------------------------
+
+
+def _sasl_ops(*ops: tuple[int, int, bytes]) -> bytes:
+    return b"".join(bytes([op, v, len(b)]) + b for op, v, b in ops)
+
+
+def build_seeds() -> dict[str, list[bytes]]:
+    from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+    from kafka.protocol.sasl import (
+        SaslAuthenticateRequest,
+        SaslAuthenticateResponse,
+        SaslHandshakeRequest,
+        SaslHandshakeResponse,
+    )
+    from tests.protocol import test_client_quotas as tcq
+    from tests.protocol import test_endpoints as tep
+    from tests.protocol import test_init_producer_id as tip
+    from tests.protocol.kafka_builders import BatchSpec, build_records, produce_request_body
+
+    seeds: dict[str, list[bytes]] = {name: [] for name in TARGETS}
+    records = [
+        build_records(
+            [BatchSpec(2, 0, 1000, 3, 7, False, 3), BatchSpec(2, 1, 1001, 0, 0, True, 2)]
+        ),
+        build_records([BatchSpec(1, 0, -1, -1, -1, False, 2)]),
+        build_records([BatchSpec(2, 0, -1, -1, -1, False, 1)]),
+    ]
+    for v in range(3, 14):
+        for i, rec in enumerate(records):
+            if v >= 3 and rec is records[1]:
+                continue
+            body = produce_request_body(
+                v,
+                "tx" if i == 0 else None,
+                -1,
+                30000,
+                [
+                    ("orders", bytes(range(16)), [(0, rec), (1, None)]),
+                    ("t2", bytes(16), [(3, rec)]),
+                ],
+            )
+            seeds["produce"].append(bytes([v - 3]) + body)
+    for rec in records:
+        seeds["batches"] += [b"\x00" + rec, b"\x01" + rec + rec[:30]]
+    for mf, payload in ((255, b"abc"), (2, b"xyz"), (1, b"")):
+        seeds["framing"].append(
+            bytes([mf]) + b"".join(struct.pack(">i", len(p)) + p for p in (payload, b"q" * 7))
+        )
+    plain = b"\x00alice\x00secret"
+    scram = b"n,,n=alice,r=abcdef"
+    oauth = b"n,,\x01auth=Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJhbGljZSJ9.\x01\x01"
+
+    def hs(v: int, mech: str) -> bytes:
+        return bytes(SaslHandshakeRequest(mechanism=mech).encode(version=v))
+
+    hs_ok = bytes(SaslHandshakeResponse(error_code=0, mechanisms=["PLAIN"]).encode(version=1))
+    for v in (0, 1, 2):
+        auth_ok = bytes(
+            SaslAuthenticateResponse(
+                error_code=0, error_message=None, auth_bytes=b"", session_lifetime_ms=3600000
+            ).encode(version=v)
+        )
+        for mech, token in (("PLAIN", plain), ("SCRAM-SHA-256", scram), ("OAUTHBEARER", oauth)):
+            auth = bytes(SaslAuthenticateRequest(auth_bytes=token).encode(version=v))
+            seeds["sasl"].append(
+                _sasl_ops((0, 1, hs(1, mech)), (1, 1, hs_ok), (2, v, auth), (3, v, auth_ok))
+            )
+            seeds["sasl"].append(
+                _sasl_ops((0, 0, hs(0, mech)), (1, 0, hs_ok), (5, 0, token), (6, 0, b""))
+            )
+        seeds["sasl"].append(
+            _sasl_ops((0, 0, hs(0, "GSSAPI")), (1, 0, hs_ok), (4, 0, b"\x60\x01"), (4, 0, b""))
+        )
+    for v in range(0, 14):
+        seeds["endpoints"].append(bytes([1, v]) + tep.metadata(v))
+        if v >= 3:
+            seeds["endpoints"].append(bytes([0, v]) + tep.produce(v, with_endpoints=True))
+    for v in range(0, 7):
+        seeds["endpoints"].append(bytes([2, v]) + tep.find_coordinator(v))
+    for v in range(0, 3):
+        seeds["endpoints"].append(bytes([3, v]) + tep.describe_cluster(v))
+    for v in range(0, 5):
+        req = ApiVersionsRequest(
+            version=v, client_software_name="librdkafka", client_software_version="2.3.0"
+        )
+        seeds["api_versions_request"].append(bytes([v]) + bytes(req.encode(version=v)))
+        resp = ApiVersionsResponse(
+            version=v,
+            error_code=0,
+            api_keys=[
+                ApiVersionsResponse.ApiVersion(api_key=k, min_version=lo, max_version=hi)
+                for k, lo, hi in ((0, 0, 11), (3, 0, 12), (18, 0, 4), (48, 0, 1))
+            ],
+            throttle_time_ms=0,
+        )
+        seeds["api_versions_response"].append(bytes([v | 0x80]) + bytes(resp.encode(version=v)))
+    for key, ver in ((0, 9), (3, 12), (18, 3), (0, 3), (22, 4)):
+        cid = b"\x00\x06client"
+        tags = b"\x00" if headers.request_is_flexible(key, ver) else b""
+        seeds["request_header"].append(struct.pack(">hhi", key, ver, 42) + cid + tags)
+        seeds["response_header"].append(bytes([key, ver]) + struct.pack(">i", 42) + b"\x00")
+    for v in (0, 1):
+        seeds["alter_quotas"] += [
+            bytes([v | 0x80])
+            + tcq.alter_body(
+                v,
+                [
+                    ([("user", "alice")], [("producer_ids_rate", 5.0, False)]),
+                    ([("user", None)], [("producer_byte_rate", 1e6, False)]),
+                    ([("client-id", "c")], [("producer_ids_rate", 1.0, True)]),
+                ],
+            ),
+            bytes([v]) + tcq.alter_body(v, [([("user", "bob")], [("producer_ids_rate", 1, 0)])]),
+        ]
+        seeds["describe_quotas"] += [
+            bytes([v | 0x80]) + tcq.describe_body(v, [("user", 0, "alice")], strict=True),
+            bytes([v]) + tcq.describe_body(v, [("user", 1, None), ("client-id", 2, None)]),
+        ]
+    for v in range(0, 7):
+        seeds["init_pid_request"] += [
+            bytes([v]) + tip._request(v, "tx-1"),
+            bytes([v]) + tip._request(v, None),
+        ]
+        seeds["init_pid_response"].append(bytes([v]) + tip._response(v))
+    for name in TARGETS:
+        seeds[name].append(b"")
+    return seeds
