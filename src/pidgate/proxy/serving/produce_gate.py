@@ -1,0 +1,323 @@
+"""What one client connection does with a Produce the quota rejected: hold it for its
+principal's tokens (``waiting_room``), or answer it here with the throttle time and mute the
+connection for it (KIP-219); and what it does with a later batch that would overtake one
+rejected here (answered the same way, ``ordering.ProduceOrderGuard``).
+
+Owns: ``ProduceGate`` (one per connection: the held Produce, the mute timer, the end of the
+latest throttle) and ``GatedConnection`` (what it needs of its connection). Only the rejection
+path runs here: an admitted Produce never reaches it. Must not import the connection module
+(it uses this one): the connection is reached through ``GatedConnection`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection
+from typing import Any, Protocol
+
+from pidgate.config import Settings
+from pidgate.protocol.framing import Frame
+from pidgate.protocol.produce import ProduceRequestSummary, encode_produce_rejection
+from pidgate.proxy.quota_control.admission import (
+    ProduceContext,
+    Rejected,
+    monotonic_ms,
+    quota_clock_ms,
+    rejection_error_code,
+)
+from pidgate.proxy.quota_control.waiting_room import Recheck
+from pidgate.proxy.serving.context import ProxyContext
+from pidgate.proxy.serving.flow_control import ReadGate
+from pidgate.proxy.serving.ordering import ProduceOrderGuard
+from pidgate.proxy.serving.records import PRODUCE, HeldProduce, Slot
+from pidgate.proxy.serving.responses import ResponsePath
+from pidgate.proxy.serving.upstream import UpstreamConnection
+
+#: Holds shorter than this are not worth a timer: the request is answered at once instead.
+_MIN_HOLD_MS = 50
+
+
+class GatedConnection(Protocol):
+    """What the gate needs of its client connection (``connection.ClientConnection``)."""
+
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def upstream(self) -> UpstreamConnection | None: ...
+    def process_inbox(self) -> None: ...
+
+
+class ProduceGate:
+    """Rejected Produce requests of one client connection: held, or answered with a throttle."""
+
+    def __init__(
+        self,
+        client: GatedConnection,
+        context: ProxyContext,
+        settings: Settings,
+        responses: ResponsePath,
+        gate: ReadGate,
+        order_guard: ProduceOrderGuard,
+    ) -> None:
+        self._client = client
+        self._context = context
+        self._settings = settings
+        self._responses = responses
+        #: The client's read gate: paused while a Produce is held (``hold``) or muted (``mute``).
+        self._gate = gate
+        self._order_guard = order_guard
+        #: When the throttle of this connection's latest rejection ends (monotonic ms).
+        self._throttled_until_ms = 0
+        self._unmute_handle: asyncio.TimerHandle | None = None
+        #: The Produce held for tokens; nothing after it is read or forwarded until it ends.
+        self.held: HeldProduce | None = None
+
+    def refuse(
+        self,
+        request: Frame,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        context: ProduceContext,
+        decision: Rejected,
+        producer_ids: Collection[int],
+    ) -> None:
+        """A Produce the quota rejected: held for its tokens when it can be, else answered."""
+        if not self._try_hold(
+            request, api_version, correlation_id, produce, context, decision, producer_ids
+        ):
+            self._reject(api_version, correlation_id, produce, decision, context)
+
+    def _reject(
+        self,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        decision: Rejected,
+        context: ProduceContext,
+    ) -> None:
+        """Answer a Produce the quota rejected: the throttle sent (and the mute) is capped by
+        ``rejection.max_throttle_time_ms`` so that a client keeps retrying within its delivery
+        budget (KIP-91) and each retry is judged again."""
+        error_code = self._error_code(context)
+        settings = self._settings.rejection
+        throttle_time_ms = min(decision.throttle_time_ms, settings.max_throttle_time_ms)
+        self.log_throttled(
+            context, decision, throttle_time_ms=throttle_time_ms, error_code=error_code
+        )
+        now_ms = monotonic_ms()
+        self._order_guard.rejected(produce, now_ms)
+        self._throttled_until_ms = now_ms + throttle_time_ms
+        self._answer_rejected(api_version, correlation_id, produce, error_code, throttle_time_ms)
+        if throttle_time_ms > 0:
+            self._mute(throttle_time_ms)
+
+    # -- holding for tokens (waiting_room.py) ------------------------------------------------
+
+    def _try_hold(
+        self,
+        request: Frame,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        context: ProduceContext,
+        decision: Rejected,
+        producer_ids: Collection[int],
+    ) -> bool:
+        """Hold a rejected Produce for its tokens; False when it cannot be held (holding off,
+        acks=0, a request timeout too short, the quota failing, or the waiting room full)."""
+        room = self._context.waiting_room
+        hold_ms = min(self._settings.rejection.max_hold_ms, produce.timeout_ms * 2 // 3)
+        if (
+            room is None
+            or produce.acks == 0
+            or hold_ms < _MIN_HOLD_MS
+            or self._context.gatekeeper.last_decision_failed  # the failure policy's answer
+        ):
+            return False
+        held = HeldProduce(
+            self,
+            request,
+            api_version,
+            correlation_id,
+            produce,
+            context,
+            tuple(producer_ids),
+            decision,
+        )
+        if not room.hold(held, hold_ms, decision.throttle_time_ms):
+            return False
+        self.held = held
+        self._responses.slots.append(held.slot)
+        self._gate.pause("hold")
+        self.log_throttled(context, decision, held_for_at_most_ms=hold_ms)
+        return True
+
+    def log_throttled(self, context: ProduceContext, decision: Rejected, **fields: Any) -> None:
+        """``pid_throttled`` (or ``event``: ``pid_would_throttle``): one line per throttled
+        Produce, rate-limited per principal and event."""
+        self._context.log.warning(
+            fields.pop("event", "pid_throttled"),
+            key=context.principal,
+            principal=context.principal,
+            client_id=context.client_id,
+            client_software=context.client_software_name,
+            peer=context.peer,
+            producer_ids=list(decision.unknown_producer_ids[:10]),
+            tokens_available_in_ms=decision.throttle_time_ms,
+            **fields,
+        )
+
+    def recheck_held(self, held: HeldProduce) -> Recheck:
+        """Ask the quota again for ``held``: forward it when admitted, else the wait left."""
+        upstream = self._client.upstream
+        if self._client.closed or self.held is not held or upstream is None:
+            return "gone"
+        decision = self._context.gatekeeper.check_producer_ids(
+            held.context, held.producer_ids, lambda: held.produce, report_rejection=False
+        )
+        if isinstance(decision, Rejected):
+            held.wait_until_ms = monotonic_ms() + decision.throttle_time_ms
+            return decision.throttle_time_ms
+        self.held = None
+        if self._order_guard.withheld:
+            self._order_guard.admitted(held.produce)
+        slot = held.slot
+        slot.sent_ns = time.perf_counter_ns()
+        self._responses.awaiting_upstream.append(slot)
+        upstream.write_frames([held.request])
+        self._gate.resume("hold")
+        self._client.process_inbox()
+        return "released"
+
+    def expire_held(self, held: HeldProduce, tokens_ahead: int) -> None:
+        """The hold ran out without tokens: answer with the honest remaining wait -- until
+        the bucket has refilled the tokens of the requests held ahead of it and its own --
+        capped by ``rejection.max_hold_throttle_time_ms``, and read on. No mute: the client's
+        retry is held again, which is what paces a client that ignores throttle_time_ms
+        (librdkafka), while one that honours it (Java, KafkaJS; KIP-219) waits out the whole
+        wait on one retry."""
+        if self.held is not held:
+            return
+        self.held = None
+        if self._client.closed:
+            return
+        context = held.context
+        error_code = self._error_code(context)
+        now_ms = monotonic_ms()
+        wait_ms = max(held.wait_until_ms - now_ms, 0)
+        if tokens_ahead:
+            wait_ms = self._context.gatekeeper.quota.time_until_refilled_ms(
+                held.principal, tokens_ahead + held.tokens_needed, quota_clock_ms()
+            )
+        throttle_time_ms = min(wait_ms, self._settings.rejection.max_hold_throttle_time_ms)
+        self._log_answered(
+            "produce_hold_expired",
+            context,
+            list(held.unknown_producer_ids[:10]),
+            throttle_time_ms,
+            error_code,
+        )
+        self._order_guard.rejected(held.produce, now_ms)
+        self._throttled_until_ms = now_ms + throttle_time_ms
+        held.slot.response = encode_produce_rejection(
+            held.api_version, held.correlation_id, held.produce, error_code, throttle_time_ms
+        )
+        self._gate.resume("hold")
+        self._responses.flush()
+        self._client.process_inbox()
+
+    def expire_now(self) -> None:
+        """Answer the held Produce (rejected) now, if any: the proxy is shutting down."""
+        held = self.held
+        if held is not None and self._context.waiting_room is not None:
+            self._context.waiting_room.expire_now(held)
+
+    def close(self) -> None:
+        """The connection is gone: no unmute, and the held Produce is never forwarded (its
+        client will retry elsewhere, if at all)."""
+        if self._unmute_handle is not None:
+            self._unmute_handle.cancel()
+        if self.held is not None and self._context.waiting_room is not None:
+            self._context.waiting_room.drop(self.held)
+            self.held = None
+
+    # -- answering rejections ------------------------------------------------------------------
+
+    def reject_behind(
+        self,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        context: ProduceContext,
+    ) -> None:
+        """Answer a Produce that would overtake a batch rejected on this connection, as the
+        broker would have failed it: the same code, the rest of the same throttle, no new mute
+        (the rejection it follows already muted the connection), nothing charged."""
+        error_code = self._error_code(context)
+        now_ms = monotonic_ms()
+        throttle_time_ms = max(0, self._throttled_until_ms - now_ms)
+        self._order_guard.rejected(produce, now_ms)
+        self._context.traffic.produce_held()
+        self._log_answered(
+            "produce_held_for_order",
+            context,
+            sorted(produce.producer_ids())[:10],
+            throttle_time_ms,
+            error_code,
+        )
+        self._answer_rejected(api_version, correlation_id, produce, error_code, throttle_time_ms)
+
+    def _log_answered(
+        self,
+        event: str,
+        context: ProduceContext,
+        producer_ids: list[int],
+        throttle_time_ms: int,
+        error_code: int,
+    ) -> None:
+        """One line per Produce answered here after a hold or behind a rejection."""
+        self._context.log.info(
+            event,
+            key=context.principal,
+            principal=context.principal,
+            client_id=context.client_id,
+            peer=context.peer,
+            producer_ids=producer_ids,
+            throttle_time_ms=throttle_time_ms,
+            error_code=error_code,
+        )
+
+    def _error_code(self, context: ProduceContext) -> int:
+        codes = self._settings.rejection.error_codes
+        return rejection_error_code(context.client_software_name, codes, context.client_id)
+
+    def _answer_rejected(
+        self,
+        api_version: int,
+        correlation_id: int,
+        produce: ProduceRequestSummary,
+        error_code: int,
+        throttle_time_ms: int,
+    ) -> None:
+        if produce.acks != 0:  # acks=0 gets no response, ever (it carries no PID anyway)
+            slot = Slot(PRODUCE, api_version, correlation_id)
+            slot.response = encode_produce_rejection(
+                api_version, correlation_id, produce, error_code, throttle_time_ms
+            )
+            self._responses.slots.append(slot)
+
+    def _mute(self, mute_ms: int) -> None:
+        # KIP-219: answer at once, then stop reading the connection for the throttle time.
+        # librdkafka ignores throttle_time_ms, so muting is what actually slows it down.
+        self._gate.pause("mute")
+        if self._unmute_handle is not None:
+            self._unmute_handle.cancel()
+        loop = asyncio.get_running_loop()
+        self._unmute_handle = loop.call_later(mute_ms / 1000, self._unmute)
+
+    def _unmute(self) -> None:
+        self._unmute_handle = None
+        self._gate.resume("mute")
+        self._client.process_inbox()
