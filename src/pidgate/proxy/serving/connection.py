@@ -51,7 +51,6 @@ from pidgate.proxy.quota_control.quota_admin import CLIENT_QUOTA_APIS
 from pidgate.proxy.serving.context import ProxyContext
 from pidgate.proxy.serving.flow_control import ConnectionLimits, ConnectionWatch, ReadGate
 from pidgate.proxy.serving.identity import UnmappablePrincipalError
-from pidgate.proxy.serving.ordering import ProduceOrderGuard
 from pidgate.proxy.serving.produce_gate import ProduceGate
 from pidgate.proxy.serving.records import (
     API_VERSIONS,
@@ -87,10 +86,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         limits: ConnectionLimits | None = None,
     ) -> None:
         self._context = context
-        #: None: no connection limits (only the idle timeout applies).
-        self._limits = limits
-        #: The IP this connection is counted under in ``_limits``; None when not counted.
-        self._counted_ip: str | None = None
         #: When the connection last read or wrote (monotonic s), for its idle timeout.
         self.last_active_s = time.monotonic()
         self.node_id = node_id
@@ -99,7 +94,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._reader = FrameReader(
             self._settings.proxy.max_frame_bytes, context.read_scratch, context.frame_buffer_budget
         )
-        self._watch = ConnectionWatch(self, context.log, self._settings.proxy.idle_timeout_ms)
+        self._watch = ConnectionWatch(
+            self, self._settings.proxy, limits, context.log, context.traffic
+        )
         self._gate = ReadGate(on_pause=self._watch.watch_for_hang_up)
         self._inbox: deque[Frame] = deque()
         self._upstream: UpstreamConnection | None = None
@@ -112,9 +109,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.client_id: str | None = None
         self.client_software = ClientSoftware(name=None, version=None)
         self.closed = False
-        self._responses = ResponsePath(
-            self, context, self._settings, self._gate, self._inbox, self._sasl
-        )
+        self._responses = ResponsePath(self, context, self._gate, self._inbox, self._sasl)
         # The response path's queues, appended to here for every request read.
         self._slots = self._responses.slots
         self._awaiting_upstream = self._responses.awaiting_upstream
@@ -124,11 +119,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         # Per-connection values the hot path would otherwise rebuild for every Produce.
         self._produce_context: ProduceContext | None = None
         self._produce_header: ProduceHeader | None = None
-        #: Batches rejected here that later in-flight batches must not overtake (ordering.py).
-        self._order_guard = ProduceOrderGuard()
-        self._produce_gate = ProduceGate(
-            self, context, self._settings, self._responses, self._gate, self._order_guard
-        )
+        self._produce_gate = ProduceGate(self, context, self._responses, self._gate)
+        self._order_guard = self._produce_gate.order_guard  # asked for every Produce with PIDs
 
     # -- asyncio.Protocol (client side) ------------------------------------------------------
 
@@ -138,7 +130,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        if self._limits is not None and not self._within_limits(transport, peer):
+        if not self._watch.admit(transport, peer):
+            self.closed = True
             return
         try:
             self.principal = self._context.identity.principal_for_connection(
@@ -164,32 +157,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._context.traffic.connection_opened()
         self._connect_task = asyncio.ensure_future(self._connect_upstream())
         self._watch.start()
-
-    def _within_limits(self, transport: asyncio.Transport, peer: object) -> bool:
-        """Count this connection, or close it at once when over a connection limit."""
-        assert self._limits is not None
-        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        settings = self._settings.proxy
-        exceeded = self._limits.acquire(
-            ip, settings.max_connections, settings.max_connections_per_ip
-        )
-        if exceeded is None:
-            self._counted_ip = ip
-            return True
-        self.closed = True
-        self._context.traffic.protocol_error(exceeded)
-        self._context.log.warning(
-            exceeded,
-            # One key per client host: a flood from one host is a bounded number of lines.
-            key=ip,
-            client=self.peer,
-            open_connections=self._limits.total,
-            open_from_ip=self._limits.from_ip(ip),
-            max_connections=settings.max_connections,
-            max_connections_per_ip=settings.max_connections_per_ip,
-        )
-        transport.abort()  # nothing was read or owed: no need to flush anything
-        return False
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # Big frames are read into buffers of their own size, in place (FrameReader).
@@ -234,9 +201,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self in self._context.connections:
             self._context.connections.discard(self)
             self._context.traffic.connection_closed(self.peer)
-        if self._limits is not None and self._counted_ip is not None:
-            self._limits.release(self._counted_ip)
-            self._counted_ip = None
         self._watch.stop()
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()

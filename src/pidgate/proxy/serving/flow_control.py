@@ -17,12 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from pidgate.config import ProxySettings
 from pidgate.proxy.logs import RateLimitedLog
 
 __all__ = [
     "HANG_UP_PROBE_INTERVAL_S",
     "ConnectionLimits",
     "ConnectionWatch",
+    "ErrorCounter",
     "ReadGate",
     "WatchedConnection",
     "peer_has_hung_up",
@@ -140,18 +142,15 @@ class ConnectionLimits:
 class WatchedConnection(Protocol):
     """What ``ConnectionWatch`` needs of its client connection (``connection.ClientConnection``)."""
 
-    @property
-    def closed(self) -> bool: ...
+    closed: bool
+    transport: asyncio.Transport | None
+    peer: str
+    client_id: str | None
+    #: When the connection last read or wrote (monotonic s).
+    last_active_s: float
+
     @property
     def idle(self) -> bool: ...
-    @property
-    def transport(self) -> asyncio.Transport | None: ...
-    @property
-    def peer(self) -> str: ...
-    @property
-    def client_id(self) -> str | None: ...
-    @property
-    def last_active_s(self) -> float: ...
     @property
     def reading_paused(self) -> bool: ...
     @property
@@ -159,21 +158,71 @@ class WatchedConnection(Protocol):
     def close(self) -> None: ...
 
 
-class ConnectionWatch:
-    """Closes one client connection nobody uses: quiet for ``proxy.idle_timeout_ms`` with
-    nothing owed, or hung up by its client while its reading is paused."""
+class ErrorCounter(Protocol):
+    """Where a refused connection is counted (the proxy's ``TrafficObserver``)."""
 
-    def __init__(self, client: WatchedConnection, log: RateLimitedLog, idle_timeout_ms: int):
+    def protocol_error(self, kind: str) -> None: ...
+
+
+class ConnectionWatch:
+    """Closes one client connection that nobody should keep open: over a connection limit when
+    accepted, quiet for ``proxy.idle_timeout_ms`` with nothing owed, or hung up by its client
+    while its reading is paused."""
+
+    def __init__(
+        self,
+        client: WatchedConnection,
+        settings: ProxySettings,
+        limits: ConnectionLimits | None,
+        log: RateLimitedLog,
+        errors: ErrorCounter,
+    ) -> None:
         self._client = client
+        self._settings = settings
+        #: None: no connection limits (only the idle timeout applies).
+        self._limits = limits
+        #: The IP this connection is counted under in ``_limits``; None when not counted.
+        self._counted_ip: str | None = None
         self._log = log
-        self._idle_timeout_s = idle_timeout_ms / 1000
+        self._errors = errors
+        self._idle_timeout_s = settings.idle_timeout_ms / 1000
         self._idle_handle: asyncio.TimerHandle | None = None
         self._hang_up_probe: asyncio.TimerHandle | None = None
+
+    def admit(self, transport: asyncio.Transport, peer: object) -> bool:
+        """Count this connection, or abort it at once when over a connection limit."""
+        if self._limits is None:
+            return True
+        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        settings = self._settings
+        exceeded = self._limits.acquire(
+            ip, settings.max_connections, settings.max_connections_per_ip
+        )
+        if exceeded is None:
+            self._counted_ip = ip
+            return True
+        self._errors.protocol_error(exceeded)
+        self._log.warning(
+            exceeded,
+            # One key per client host: a flood from one host is a bounded number of lines.
+            key=ip,
+            client=self._client.peer,
+            open_connections=self._limits.total,
+            open_from_ip=self._limits.from_ip(ip),
+            max_connections=settings.max_connections,
+            max_connections_per_ip=settings.max_connections_per_ip,
+        )
+        transport.abort()  # nothing was read or owed: no need to flush anything
+        return False
 
     def start(self) -> None:
         self._schedule_idle_check(self._idle_timeout_s)
 
     def stop(self) -> None:
+        """The connection is gone: uncounted, no more timers."""
+        if self._limits is not None and self._counted_ip is not None:
+            self._limits.release(self._counted_ip)
+            self._counted_ip = None
         if self._idle_handle is not None:
             self._idle_handle.cancel()
             self._idle_handle = None

@@ -41,8 +41,13 @@ _MIN_HOLD_MS = 50
 class GatedConnection(Protocol):
     """What the gate needs of its client connection (``connection.ClientConnection``)."""
 
+    closed: bool
+
     @property
-    def closed(self) -> bool: ...
+    def settings(self) -> Settings:
+        """The settings the connection was accepted with."""
+        ...
+
     @property
     def upstream(self) -> UpstreamConnection | None: ...
     def process_inbox(self) -> None: ...
@@ -55,18 +60,18 @@ class ProduceGate:
         self,
         client: GatedConnection,
         context: ProxyContext,
-        settings: Settings,
         responses: ResponsePath,
         gate: ReadGate,
-        order_guard: ProduceOrderGuard,
     ) -> None:
         self._client = client
         self._context = context
-        self._settings = settings
+        self._settings = client.settings
         self._responses = responses
         #: The client's read gate: paused while a Produce is held (``hold``) or muted (``mute``).
         self._gate = gate
-        self._order_guard = order_guard
+        #: Batches rejected here that later in-flight batches must not overtake (ordering.py);
+        #: the request path asks it before the quota.
+        self.order_guard = ProduceOrderGuard()
         #: When the throttle of this connection's latest rejection ends (monotonic ms).
         self._throttled_until_ms = 0
         self._unmute_handle: asyncio.TimerHandle | None = None
@@ -83,11 +88,35 @@ class ProduceGate:
         decision: Rejected,
         producer_ids: Collection[int],
     ) -> None:
-        """A Produce the quota rejected: held for its tokens when it can be, else answered."""
-        if not self._try_hold(
-            request, api_version, correlation_id, produce, context, decision, producer_ids
+        """A Produce the quota rejected: held for its tokens (waiting_room.py) when it can be,
+        else answered at once."""
+        room = self._context.waiting_room
+        hold_ms = min(self._settings.rejection.max_hold_ms, produce.timeout_ms * 2 // 3)
+        if (
+            room is None
+            or produce.acks == 0
+            or hold_ms < _MIN_HOLD_MS
+            or self._context.gatekeeper.last_decision_failed  # the failure policy's answer
         ):
             self._reject(api_version, correlation_id, produce, decision, context)
+            return
+        held = HeldProduce(
+            self,
+            request,
+            api_version,
+            correlation_id,
+            produce,
+            context,
+            tuple(producer_ids),
+            decision,
+        )
+        if not room.hold(held, hold_ms, decision.throttle_time_ms):  # the waiting room is full
+            self._reject(api_version, correlation_id, produce, decision, context)
+            return
+        self.held = held
+        self._responses.slots.append(held.slot)
+        self._gate.pause("hold")
+        self.log_throttled(context, decision, held_for_at_most_ms=hold_ms)
 
     def _reject(
         self,
@@ -107,52 +136,13 @@ class ProduceGate:
             context, decision, throttle_time_ms=throttle_time_ms, error_code=error_code
         )
         now_ms = monotonic_ms()
-        self._order_guard.rejected(produce, now_ms)
+        self.order_guard.rejected(produce, now_ms)
         self._throttled_until_ms = now_ms + throttle_time_ms
         self._answer_rejected(api_version, correlation_id, produce, error_code, throttle_time_ms)
         if throttle_time_ms > 0:
             self._mute(throttle_time_ms)
 
     # -- holding for tokens (waiting_room.py) ------------------------------------------------
-
-    def _try_hold(
-        self,
-        request: Frame,
-        api_version: int,
-        correlation_id: int,
-        produce: ProduceRequestSummary,
-        context: ProduceContext,
-        decision: Rejected,
-        producer_ids: Collection[int],
-    ) -> bool:
-        """Hold a rejected Produce for its tokens; False when it cannot be held (holding off,
-        acks=0, a request timeout too short, the quota failing, or the waiting room full)."""
-        room = self._context.waiting_room
-        hold_ms = min(self._settings.rejection.max_hold_ms, produce.timeout_ms * 2 // 3)
-        if (
-            room is None
-            or produce.acks == 0
-            or hold_ms < _MIN_HOLD_MS
-            or self._context.gatekeeper.last_decision_failed  # the failure policy's answer
-        ):
-            return False
-        held = HeldProduce(
-            self,
-            request,
-            api_version,
-            correlation_id,
-            produce,
-            context,
-            tuple(producer_ids),
-            decision,
-        )
-        if not room.hold(held, hold_ms, decision.throttle_time_ms):
-            return False
-        self.held = held
-        self._responses.slots.append(held.slot)
-        self._gate.pause("hold")
-        self.log_throttled(context, decision, held_for_at_most_ms=hold_ms)
-        return True
 
     def log_throttled(self, context: ProduceContext, decision: Rejected, **fields: Any) -> None:
         """``pid_throttled`` (or ``event``: ``pid_would_throttle``): one line per throttled
@@ -181,8 +171,8 @@ class ProduceGate:
             held.wait_until_ms = monotonic_ms() + decision.throttle_time_ms
             return decision.throttle_time_ms
         self.held = None
-        if self._order_guard.withheld:
-            self._order_guard.admitted(held.produce)
+        if self.order_guard.withheld:
+            self.order_guard.admitted(held.produce)
         slot = held.slot
         slot.sent_ns = time.perf_counter_ns()
         self._responses.awaiting_upstream.append(slot)
@@ -219,7 +209,7 @@ class ProduceGate:
             throttle_time_ms,
             error_code,
         )
-        self._order_guard.rejected(held.produce, now_ms)
+        self.order_guard.rejected(held.produce, now_ms)
         self._throttled_until_ms = now_ms + throttle_time_ms
         held.slot.response = encode_produce_rejection(
             held.api_version, held.correlation_id, held.produce, error_code, throttle_time_ms
@@ -258,7 +248,7 @@ class ProduceGate:
         error_code = self._error_code(context)
         now_ms = monotonic_ms()
         throttle_time_ms = max(0, self._throttled_until_ms - now_ms)
-        self._order_guard.rejected(produce, now_ms)
+        self.order_guard.rejected(produce, now_ms)
         self._context.traffic.produce_held()
         self._log_answered(
             "produce_held_for_order",

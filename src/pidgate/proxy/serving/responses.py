@@ -51,17 +51,19 @@ _MAX_ACKS0_IDS = 1024
 class ResponseClient(Protocol):
     """What the response path needs of its client connection (``connection.ClientConnection``)."""
 
-    @property
-    def transport(self) -> asyncio.Transport | None: ...
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def peer(self) -> str: ...
-    @property
-    def upstream(self) -> UpstreamConnection | None: ...
-
+    transport: asyncio.Transport | None
+    closed: bool
+    peer: str
     #: When the connection last read or wrote (monotonic s), for its idle timeout.
     last_active_s: float
+
+    @property
+    def settings(self) -> Settings:
+        """The settings the connection was accepted with."""
+        ...
+
+    @property
+    def upstream(self) -> UpstreamConnection | None: ...
 
     def process_inbox(self) -> None: ...
     def adopt_sasl_principal(self) -> None: ...
@@ -75,7 +77,6 @@ class ResponsePath:
         self,
         client: ResponseClient,
         context: ProxyContext,
-        settings: Settings,
         gate: ReadGate,
         inbox: deque[Frame],
         sasl: SaslObserver | None,
@@ -84,7 +85,7 @@ class ResponsePath:
         self._context = context
         #: The client's read gate: too many responses owed pauses reading (``in_flight``).
         self._gate = gate
-        self._max_in_flight = settings.proxy.max_in_flight_requests
+        self._max_in_flight = client.settings.proxy.max_in_flight_requests
         #: Requests read but not yet passed on (the request path's): read on after a response.
         self._inbox = inbox
         self._sasl = sasl
