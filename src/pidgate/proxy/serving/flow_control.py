@@ -1,9 +1,9 @@
 """Flow control of one client connection, kept apart from its request and response paths (as
 uvicorn keeps FlowControl apart from its protocol class): when reading a transport pauses and
 resumes (``ReadGate``), how many connections a proxy holds (``ConnectionLimits``), and when a
-connection is closed for being unused (``ConnectionWatch``: the idle timeout, and the hang-up
-probe of a paused connection, since a paused transport never sees the FIN:
-``peer_has_hung_up``).
+connection is closed for being over a limit or unused (``ConnectionWatch``: the limit check on
+accept, the idle timeout, and the hang-up probe of a paused connection, since a paused transport
+never sees the FIN: ``peer_has_hung_up``).
 
 Must not import: the connection, server or context modules (they use this one); a watched
 connection is reached through ``WatchedConnection`` only.

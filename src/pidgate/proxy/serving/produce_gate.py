@@ -4,9 +4,10 @@ connection for it (KIP-219); and what it does with a later batch that would over
 rejected here (answered the same way, ``ordering.ProduceOrderGuard``).
 
 Owns: ``ProduceGate`` (one per connection: the held Produce, the mute timer, the end of the
-latest throttle) and ``GatedConnection`` (what it needs of its connection). Only the rejection
-path runs here: an admitted Produce never reaches it. Must not import the connection module
-(it uses this one): the connection is reached through ``GatedConnection`` only.
+latest throttle, the order guard its rejections fill) and ``GatedConnection`` (what it needs
+of its connection). Only the rejection path runs here: an admitted Produce never reaches it.
+Must not import the connection module (it uses this one): the connection is reached through
+``GatedConnection`` only.
 """
 
 from __future__ import annotations
