@@ -4,10 +4,9 @@ connection for it (KIP-219); and what it does with a later batch that would over
 rejected here (answered the same way, ``ordering.ProduceOrderGuard``).
 
 Owns: ``ProduceGate`` (one per connection: the held Produce, the mute timer, the end of the
-latest throttle, the order guard its rejections fill) and ``GatedConnection`` (what it needs
-of its connection). Only the rejection path runs here: an admitted Produce never reaches it.
-Must not import the connection module (it uses this one): the connection is reached through
-``GatedConnection`` only.
+latest throttle, the order guard its rejections fill). Only the rejection path runs here: an
+admitted Produce never reaches it. Must not import the connection module (it uses this one):
+the connection is reached through ``responses.ResponseClient`` only.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection
-from typing import Any, Protocol
+from typing import Any
 
-from pidgate.config import Settings
 from pidgate.protocol.framing import Frame
 from pidgate.protocol.produce import ProduceRequestSummary, encode_produce_rejection
 from pidgate.proxy.quota_control.admission import (
@@ -32,26 +30,10 @@ from pidgate.proxy.serving.context import ProxyContext
 from pidgate.proxy.serving.flow_control import ReadGate
 from pidgate.proxy.serving.ordering import ProduceOrderGuard
 from pidgate.proxy.serving.records import PRODUCE, HeldProduce, Slot
-from pidgate.proxy.serving.responses import ResponsePath
-from pidgate.proxy.serving.upstream import UpstreamConnection
+from pidgate.proxy.serving.responses import ResponseClient, ResponsePath
 
 #: Holds shorter than this are not worth a timer: the request is answered at once instead.
 _MIN_HOLD_MS = 50
-
-
-class GatedConnection(Protocol):
-    """What the gate needs of its client connection (``connection.ClientConnection``)."""
-
-    closed: bool
-
-    @property
-    def settings(self) -> Settings:
-        """The settings the connection was accepted with."""
-        ...
-
-    @property
-    def upstream(self) -> UpstreamConnection | None: ...
-    def process_inbox(self) -> None: ...
 
 
 class ProduceGate:
@@ -59,7 +41,7 @@ class ProduceGate:
 
     def __init__(
         self,
-        client: GatedConnection,
+        client: ResponseClient,
         context: ProxyContext,
         responses: ResponsePath,
         gate: ReadGate,

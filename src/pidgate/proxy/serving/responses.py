@@ -49,7 +49,8 @@ _MAX_ACKS0_IDS = 1024
 
 
 class ResponseClient(Protocol):
-    """What the response path needs of its client connection (``connection.ClientConnection``)."""
+    """What the response path (and the produce gate) needs of its client connection
+    (``connection.ClientConnection``)."""
 
     transport: asyncio.Transport | None
     closed: bool
