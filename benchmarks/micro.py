@@ -308,7 +308,8 @@ def bench_proxy_path(repeat: int) -> None:
     correlation check, metrics, Produce endpoint check, flush), with fake transports."""
     from pidgate.config import load_settings
     from pidgate.proxy.server import ProxyServer
-    from pidgate.proxy.serving.connection import ClientConnection, UpstreamConnection
+    from pidgate.proxy.serving.connection import ClientConnection
+    from pidgate.proxy.serving.upstream import UpstreamConnection
 
     settings = load_settings(
         cli_overrides={

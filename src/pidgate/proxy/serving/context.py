@@ -1,7 +1,9 @@
 """What every connection of one proxy shares: settings, the gatekeeper, the router, the log and
 the set of open connections (for graceful shutdown).
 
-Owns: ``ProxyContext`` (a plain holder; no behaviour of its own).
+Owns: ``ProxyContext`` (a plain holder; no behaviour of its own), and the protocols of what the
+connections report (``TrafficObserver``) and what the server asks of an open one
+(``OpenConnection``). Must not import any connection module (they all use this one).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pidgate.config import Settings
 from pidgate.protocol.framing import FrameBufferBudget
@@ -22,9 +24,6 @@ from pidgate.proxy.quota_control.waiting_room import WaitingRoom
 from pidgate.proxy.serving.identity import IdentityPolicy
 from pidgate.proxy.serving.routing import Router
 
-if TYPE_CHECKING:
-    from pidgate.proxy.serving.connection import ClientConnection
-
 
 class TrafficObserver(Protocol):
     """What the connections report for metrics; called on the hot path, so implementations
@@ -36,6 +35,15 @@ class TrafficObserver(Protocol):
     def response(self, api_key: int, size_bytes: int, upstream_latency_s: float | None) -> None: ...
     def protocol_error(self, kind: str) -> None: ...
     def produce_held(self) -> None: ...
+
+
+class OpenConnection(Protocol):
+    """What graceful shutdown asks of an open client connection (``ClientConnection``)."""
+
+    @property
+    def idle(self) -> bool: ...
+    def begin_shutdown(self) -> None: ...
+    def close(self) -> None: ...
 
 
 #: The shared read buffer's size: frames up to half of it are read into it, larger ones into
@@ -68,7 +76,7 @@ class ProxyContext:
     waiting_room: WaitingRoom | None = None
     #: Misconfigurations said once (SASL through a pidgate with identity.sasl off, ...).
     notices: OperatorNotices = field(default_factory=OperatorNotices)
-    connections: set[ClientConnection] = field(default_factory=set)
+    connections: set[OpenConnection] = field(default_factory=set)
     #: Where every client connection of this context's loop reads small frames into
     #: (``FrameReader``: one loop reads one transport at a time).
     read_scratch: bytearray = field(default_factory=lambda: bytearray(READ_SCRATCH_BYTES))
