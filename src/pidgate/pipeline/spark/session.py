@@ -161,8 +161,8 @@ def remote_session(
 ) -> SparkSession:
     """A Spark Connect session on the server ``remote`` (``sc://HOST:PORT``), checked first;
     raises :class:`InputError` when nothing answers there or the Connect client is missing.
-    The user's ``conf`` is set on the session (runtime settings only: Spark Connect warns
-    about and skips the others)."""
+    The user's ``conf`` is set on the session (runtime settings only: the server silently
+    ignores static ones, which are its own)."""
     check_remote(remote)
     try:
         from pyspark.sql.connect.utils import check_dependencies
