@@ -236,3 +236,16 @@ def test_a_local_path_with_a_server_on_another_host_is_refused(tmp_path: Path) -
         "a Hadoop URI (hdfs://, s3a://) or run pidgate on the server's host"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_master_with_spark_remote_set_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyspark would connect to SPARK_REMOTE whatever --master says: say so instead.
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:15002")
+    done = analyze(
+        "activity", "--events", str(DATA / "recorded_events.jsonl"), "--master", "local[2]",
+        timeout_s=60,
+    )  # fmt: skip
+    assert last_line(done) == (
+        "pidgate analyze activity: --master local[2]: SPARK_REMOTE=sc://127.0.0.1:15002 is set "
+        "too, and pyspark would connect there; unset SPARK_REMOTE to use --master"
+    )
