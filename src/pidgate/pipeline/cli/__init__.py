@@ -10,6 +10,11 @@ argparse subcommands:
 * ``footprint --log-dirs PATH... [--expiration-ms N] [--output DIR] [--master URL]``
 * ``snapshots --log-dir PATH [--expiration-ms N] [--dry-run] [--master URL]``
 
+``--remote sc://HOST:PORT`` (or ``SPARK_REMOTE``) runs ``activity`` and ``backtest`` on a Spark
+Connect server instead of a master; ``footprint`` and ``snapshots`` use the RDD API, which Spark
+Connect lacks, and are refused before anything starts. Local paths are refused unless the server
+is on this host (it reads and writes on its side).
+
 Paths may be local or any Hadoop filesystem URI; ``--output`` defaults to
 ``./pidgate-reports/<job>/``. ``--master`` defaults to ``local[*]`` (or the master spark-submit
 chose); every job also takes ``--conf KEY=VALUE`` (repeatable, wins), ``--driver-host``,
@@ -94,6 +99,17 @@ def _start_spark(
     args: argparse.Namespace, prepared: dict[str, Any], progress: Any, owned: bool
 ) -> Any:
     """The session for this job; on a cluster, with its executors checked."""
+    remote = prepared.get("remote")
+    if remote:
+        from pidgate.pipeline.spark.session import remote_session
+
+        if owned:
+            progress.stage(
+                f"pidgate analyze {args.job}: connecting to Spark Connect ({remote}) ..."
+            )
+        spark = remote_session(remote, app_name=f"pidgate-{args.job}", conf=dict(args.conf))
+        progress.watch(spark)
+        return spark
     from pidgate.pipeline.spark.masters import is_local
     from pidgate.pipeline.spark.session import ClusterOptions, effective_master, spark_session
 

@@ -57,6 +57,12 @@ _SPARK = Group(
     (
         option("--master", "Spark master; default local[*] or spark-submit's", metavar="URL"),
         option(
+            "--remote",
+            "a Spark Connect server instead of a master (activity and backtest only); "
+            "default SPARK_REMOTE when --master is not given",
+            metavar="sc://HOST:PORT",
+        ),
+        option(
             "--conf",
             "a Spark setting, repeatable, winning over pidgate's own; default: none",
             action="append",
@@ -190,10 +196,68 @@ def _prepare_snapshots(args: argparse.Namespace) -> dict[str, Any]:
     return {}
 
 
+def _remote(args: argparse.Namespace) -> str | None:
+    """The Spark Connect server of this run (``--remote``, else ``SPARK_REMOTE`` unless
+    ``--master`` is given); raises InputError for flags it excludes and jobs it cannot run."""
+    from pidgate.pipeline.reading.inputs import InputError
+
+    remote: str | None = args.remote
+    from_env = os.environ.get("SPARK_REMOTE") or None
+    if args.master and remote:
+        raise InputError(
+            f"--master {args.master} and --remote {remote} exclude each other: a Spark Connect "
+            "server runs on its own master"
+        )
+    if args.master and from_env:
+        # pyspark itself would connect to SPARK_REMOTE whatever the master says.
+        raise InputError(
+            f"--master {args.master}: SPARK_REMOTE={from_env} is set too, and pyspark would "
+            "connect there; unset SPARK_REMOTE to use --master"
+        )
+    remote = remote or from_env
+    if remote is None:
+        return None
+    for flag, excluded in (
+        ("--driver-host", args.driver_host),
+        ("--executor-python", args.executor_python),
+        ("--no-ship", not args.ship),
+    ):
+        if excluded:
+            raise InputError(
+                f"{flag} applies to --master only: the Spark Connect server {remote} runs its "
+                "own executors"
+            )
+    refusal = JOBS[args.job].connect_refusal
+    if refusal:
+        raise InputError(f"cannot run on Spark Connect: {refusal}; use --master")
+    return remote
+
+
+def _check_remote_paths(remote: str, local_paths: list[Any]) -> None:
+    """A Spark Connect server reads and writes on its own host: local paths only when that
+    host is this one."""
+    from pidgate.pipeline.reading.inputs import InputError
+    from pidgate.pipeline.spark.masters import connect_address, is_this_host
+
+    address = connect_address(remote)
+    if not local_paths or address is None or is_this_host(address[0]):
+        return
+    first = local_paths[0]
+    raise InputError(
+        f"{first.flag} {first.path}: a local path, but the Spark Connect server {remote} is on "
+        "another host and reads and writes on its side; use a Hadoop URI (hdfs://, s3a://) "
+        "or run pidgate on the server's host"
+    )
+
+
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Everything checkable without Spark, checked: raises InputError (one line)."""
+    remote = _remote(args)
     prepared = JOBS[args.job].prepare(args)
     prepared["local_paths"] = _local_paths(args, prepared)
+    prepared["remote"] = remote
+    if remote:
+        _check_remote_paths(remote, prepared["local_paths"])
     return prepared
 
 
@@ -265,10 +329,15 @@ def _run_snapshots(
 class Job(NamedTuple):
     """What runs one job: its checks before Spark starts (raising InputError; the values they
     found, for ``run``), then the job on Spark (its report's path, or None when it printed its
-    own result)."""
+    own result); why it cannot run on Spark Connect (None: it can)."""
 
     prepare: Callable[[argparse.Namespace], dict[str, Any]]
     run: Callable[[Any, argparse.Namespace, dict[str, Any], Any], Any]
+    connect_refusal: str | None = None
+
+
+# Spark Connect has no SparkContext: no RDDs, parallelize or mapPartitions.
+_RDD_SEGMENTS = "it reads segment files with the RDD API"
 
 
 JOB_COMMANDS: tuple[Command[Job], ...] = (
@@ -325,7 +394,7 @@ JOB_COMMANDS: tuple[Command[Job], ...] = (
             _OUTPUT,
             _SPARK,
         ),
-        handler=Job(_prepare_footprint, _run_footprint),
+        handler=Job(_prepare_footprint, _run_footprint, _RDD_SEGMENTS),
     ),
     Command(
         "snapshots",
@@ -338,7 +407,7 @@ JOB_COMMANDS: tuple[Command[Job], ...] = (
             ),
             _SPARK,
         ),
-        handler=Job(_prepare_snapshots, _run_snapshots),
+        handler=Job(_prepare_snapshots, _run_snapshots, _RDD_SEGMENTS),
     ),
 )
 #: What runs each job, by name.

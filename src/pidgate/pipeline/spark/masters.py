@@ -9,21 +9,36 @@ configuration its kind requires, and the address the driver should advertise.
 * :func:`driver_host_for`: the local address that routes to the master's host (a UDP
   ``connect`` sends nothing; it only asks the kernel for the route), the address executors on
   other hosts can connect back to.
+* :func:`connect_address` / :func:`check_remote`: the same for a Spark Connect server
+  (``--remote sc://HOST:PORT``, port 15002 by default): its TCP port must answer.
+* :func:`is_this_host`: whether an address is this machine's (a server there sees its files).
 
 Must not import pyspark.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from pidgate.pipeline.reading.inputs import InputError
 
-__all__ = ["check_master", "driver_host_for", "is_local", "spark_master_addresses"]
+__all__ = [
+    "bindable",
+    "check_master",
+    "check_remote",
+    "connect_address",
+    "driver_host_for",
+    "is_local",
+    "is_loopback",
+    "is_this_host",
+    "spark_master_addresses",
+]
 
 _STANDALONE_PORT = 7077
+_CONNECT_PORT = 15002
 
 
 def is_local(master: str) -> bool:
@@ -41,6 +56,35 @@ def spark_master_addresses(master: str) -> list[tuple[str, int]]:
     return addresses
 
 
+def bindable(address: str) -> bool:
+    """True when a socket can bind ``address`` (an address of one of this host's interfaces)."""
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def is_this_host(host: str) -> bool:
+    """True when ``host`` is this machine (loopback, or an address of one of its interfaces)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    addresses = {str(info[4][0]) for info in infos}
+    return bool(addresses) and all(is_loopback(a) or bindable(a) for a in addresses)
+
+
 def _reachable(host: str, port: int, timeout_s: float) -> str | None:
     """None when ``host:port`` accepts a connection, else the reason."""
     try:
@@ -50,6 +94,34 @@ def _reachable(host: str, port: int, timeout_s: float) -> str | None:
         return f"no answer within {timeout_s:g} s"
     except OSError as error:
         return error.strerror or str(error)
+
+
+def connect_address(remote: str) -> tuple[str, int] | None:
+    """(host, port) of a Spark Connect URL ``sc://HOST[:PORT][/;param=value...]``; None when
+    it is not one."""
+    if not remote.startswith("sc://"):
+        return None
+    try:
+        parsed = urlparse(remote.split(";", 1)[0])
+        port = parsed.port or _CONNECT_PORT
+    except ValueError:
+        return None
+    return (parsed.hostname, port) if parsed.hostname else None
+
+
+def check_remote(remote: str, connect_timeout_s: float = 5.0) -> tuple[str, int]:
+    """The (host, port) of the Spark Connect server ``remote``; raise :class:`InputError` when
+    the URL is not one or nothing answers there."""
+    address = connect_address(remote)
+    if address is None:
+        raise InputError(f"--remote {remote}: not a Spark Connect URL (sc://HOST:15002)")
+    reason = _reachable(*address, connect_timeout_s)
+    if reason:
+        raise InputError(
+            f"--remote {remote}: no Spark Connect server answers at {address[0]}:{address[1]} "
+            f"({reason}); is the server running, and is the host and port right?"
+        )
+    return address
 
 
 def check_master(

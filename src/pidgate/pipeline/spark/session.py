@@ -17,23 +17,39 @@ spark-submit. Settings by kind of master:
 Under spark-submit (or the pyspark shell) the launcher's choices are kept and none of the
 cluster settings are applied.
 
+A Spark Connect server (:func:`remote_session`, ``--remote sc://HOST:PORT``) is checked first
+(:func:`pidgate.pipeline.spark.masters.check_remote`) and gets only the UTC session time zone,
+then the user's ``conf``: the server's own settings (master, bind address, Python) are its own.
+
 Must not import a job or ``outputs``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from pidgate.pipeline.spark.masters import check_master, driver_host_for, is_local
+from pidgate.pipeline.reading.inputs import InputError
+from pidgate.pipeline.spark.masters import (
+    bindable,
+    check_master,
+    check_remote,
+    driver_host_for,
+    is_local,
+    is_loopback,
+)
 
-__all__ = ["ClusterOptions", "effective_master", "spark_session", "stop_session"]
+__all__ = [
+    "ClusterOptions",
+    "effective_master",
+    "remote_session",
+    "spark_session",
+    "stop_session",
+]
 
 _LOCAL_SHUFFLE_PARTITIONS = 4
 _SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
@@ -65,23 +81,6 @@ def effective_master(master: str | None, conf: Mapping[str, str] | None = None) 
     return chosen or ("" if _launched() else "local[*]")
 
 
-def _bindable(address: str) -> bool:
-    try:
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-        return True
-    except OSError:
-        return False
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
 def _executor_python(options: ClusterOptions, local: bool) -> str:
     return (
         options.executor_python
@@ -97,12 +96,12 @@ def _cluster_settings(master: str, options: ClusterOptions) -> dict[str, str]:
     settings: dict[str, str] = {}
     # A loopback SPARK_LOCAL_IP (kept for local runs, e.g. exported by a test script) would
     # make the driver unreachable from every other host.
-    if _is_loopback(os.environ.get("SPARK_LOCAL_IP", "")):
+    if is_loopback(os.environ.get("SPARK_LOCAL_IP", "")):
         del os.environ["SPARK_LOCAL_IP"]
     host = options.driver_host or options.conf.get("spark.driver.host") or driver_host_for(master)
     if host:
         settings["spark.driver.host"] = host
-        settings["spark.driver.bindAddress"] = host if _bindable(host) else "0.0.0.0"
+        settings["spark.driver.bindAddress"] = host if bindable(host) else "0.0.0.0"
     if options.ship:
         from pidgate.pipeline.spark.shipping import ARCHIVE_ALIAS, executor_archive
 
@@ -155,6 +154,30 @@ def spark_session(
         session.conf.set(_SHUFFLE_PARTITIONS, str(_LOCAL_SHUFFLE_PARTITIONS))
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def remote_session(
+    remote: str, app_name: str = "pidgate", conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """A Spark Connect session on the server ``remote`` (``sc://HOST:PORT``), checked first;
+    raises :class:`InputError` when nothing answers there or the Connect client is missing.
+    The user's ``conf`` is set on the session (runtime settings only: the server silently
+    ignores static ones, which are its own)."""
+    check_remote(remote)
+    try:
+        from pyspark.sql.connect.utils import check_dependencies
+
+        check_dependencies()
+    except ImportError as error:  # PySparkImportError names the missing package
+        reason = " ".join(str(error).split())
+        raise InputError(
+            f"--remote {remote}: the Spark Connect client cannot start ({reason}); install "
+            "pidgate[analyze] (grpcio, grpcio-status, googleapis-common-protos, zstandard)"
+        ) from None
+    builder = SparkSession.builder.remote(remote).appName(app_name)
+    for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def stop_session() -> None:
