@@ -87,6 +87,10 @@ def test_a_missing_module_on_the_executors_is_named(spark: SparkSession) -> None
     assert line.startswith("ModuleNotFoundError: No module named 'pidgate_not_installed_anywhere'")
     assert "install pidgate[analyze] on the workers" in line
     assert "\n" not in line
+    # On Spark Connect pidgate ships nothing: the server's own Python must have the module.
+    remote = one_line(caught.value, remote=True)
+    assert "the Spark Connect server's Python lacks pidgate_not_installed_anywhere" in remote
+    assert "--no-ship" not in remote
 
 
 def test_root_cause_of_java_text() -> None:

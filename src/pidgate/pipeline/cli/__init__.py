@@ -84,8 +84,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         if isinstance(error, JobError):
             print(f"{prog}: {error}", file=sys.stderr)
         else:
+            cause = one_line(error, remote=bool(prepared.get("remote")))
             print(
-                f"{prog}: failed: {one_line(error)} (PIDGATE_DEBUG=1 shows the traceback)",
+                f"{prog}: failed: {cause} (PIDGATE_DEBUG=1 shows the traceback)",
                 file=sys.stderr,
             )
         return 1

@@ -43,9 +43,15 @@ def root_cause(text: str) -> str | None:
     return None
 
 
-def hint(cause: str) -> str | None:
-    """The next step for a cause we recognise."""
+def hint(cause: str, remote: bool = False) -> str | None:
+    """The next step for a cause we recognise; ``remote``: the job ran on a Spark Connect
+    server, whose Python workers pidgate does not ship to."""
     missing = _MISSING_MODULE.search(cause)
+    if missing and remote:
+        return (
+            f"the Spark Connect server's Python lacks {missing.group(1)}: install "
+            "pidgate[analyze] where the server's Python workers run (the server's PYSPARK_PYTHON)"
+        )
     if missing:
         return (
             f"the executors' Python lacks {missing.group(1)}: install pidgate[analyze] on the "
@@ -57,7 +63,7 @@ def hint(cause: str) -> str | None:
     return None
 
 
-def one_line(error: BaseException, limit: int = 300) -> str:
+def one_line(error: BaseException, limit: int = 300, *, remote: bool = False) -> str:
     """``Type: message`` of the root cause of ``error``, plus a hint when one is known."""
     text = str(error)
     cause = root_cause(text)
@@ -65,5 +71,5 @@ def one_line(error: BaseException, limit: int = 300) -> str:
         first = next((line.strip() for line in text.splitlines() if line.strip()), "")
         cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
     cause = cause[:limit]
-    step = hint(cause) or hint(text)
+    step = hint(cause, remote) or hint(text, remote)
     return f"{cause} ({step})" if step else cause
