@@ -47,6 +47,7 @@ from support.processes import (
     Forwarder,
     Pidgate,
     TansuProxy,
+    exit_on_sigterm,
     machine_busy_ticks,
 )
 from support.pyspy import print_profile
@@ -182,6 +183,7 @@ class Results:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

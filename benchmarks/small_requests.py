@@ -61,7 +61,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 from kafka.record.util import calc_crc32c
-from support.processes import Broker, Cpu, Forwarder, Pidgate
+from support.processes import Broker, Cpu, Forwarder, Pidgate, exit_on_sigterm
 from support.pyspy import print_profile, start_profile
 
 from pidgate.demo.broker import free_port
@@ -392,6 +392,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> int:
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -27,6 +27,17 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, a CI limit, ``kill``) end the benchmark through its ``finally``
+    blocks, which stop every broker, forwarder and pidgate it started: by default SIGTERM ends
+    the process at once and leaves them running."""
+
+    def _exit(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) clock ticks of all CPUs from /proc/stat."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
