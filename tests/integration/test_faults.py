@@ -308,7 +308,10 @@ class RestartingApp:
         )
 
     def _on_error(self, error: Any) -> None:
-        if error.fatal() and not self._replace.is_set():
+        # produce() after a fatal error raises _FATAL without the fatal flag set: that one must
+        # replace the producer too, or the loop retries produce() forever without polling.
+        is_fatal = error.fatal() or error.code() == KafkaError._FATAL
+        if is_fatal and not self._replace.is_set():
             self.replaced_because.append(f"fatal {error.name()}")
             self._replace.set()
 
@@ -351,12 +354,25 @@ class RestartingApp:
             self._on_error(fatal)
             return None
 
-    def _retire(self, producer: Any) -> None:
+    def _retire(self, producer: Any) -> int:
+        """Purges and closes ``producer``; returns how many records it still held."""
         producer.purge(in_queue=True, in_flight=True, blocking=True)
         # Serves the failure report of every record purged (a fatal error may interrupt it).
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and self._serve(producer.flush, 1.0) != 0:
             pass
+        remaining: int = len(producer)
+        self._close(producer)
+        return remaining
+
+    def _close(self, producer: Any) -> None:
+        """Destroys the librdkafka handle now, when nothing is left in it (close() flushes
+        first, without a timeout), rather than whenever the object is collected: a retired
+        producer's broker connections must end with it."""
+        # A producer that already failed fatally may refuse: collection destroys it then.
+        if len(producer) == 0:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                producer.close()
 
     def _run(self) -> None:
         producer = self._new_producer()
@@ -389,8 +405,9 @@ class RestartingApp:
         finally:
             remaining = self._serve(producer.flush, 30.0)
             if remaining is None or self._replace.is_set():
-                self._retire(producer)
-                remaining = len(producer)
+                remaining = self._retire(producer)
+            else:
+                self._close(producer)
             self.unflushed = remaining
 
 
