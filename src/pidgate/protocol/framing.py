@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Callable
 
+from pidgate.protocol import native
 from pidgate.protocol.errors import FrameTooLargeError
 
 _SIZE = struct.Struct(">i")
@@ -26,6 +28,34 @@ Frame = bytes | bytearray
 def frame(payload: bytes) -> bytes:
     """Prefix ``payload`` with its int32 big-endian size."""
     return _SIZE.pack(len(payload)) + payload
+
+
+def pure_cut_frames(
+    data: bytes | bytearray | memoryview, max_frame_bytes: int
+) -> tuple[list[bytes], int, int]:
+    """The complete frames at the start of ``data``: ``(frames, consumed_bytes,
+    incomplete_frame_bytes)``. Frames include their size prefix; ``incomplete_frame_bytes`` is
+    the whole size (prefix included) of the frame starting at ``consumed_bytes`` when its prefix
+    is there, else 0. A negative or too large size prefix raises ``FrameTooLargeError``.
+    ``cut_frames`` is this, or its compiled twin (``native``)."""
+    end = len(data)
+    frames: list[bytes] = []
+    start = 0
+    while end - start >= SIZE_PREFIX_BYTES:
+        size = _SIZE.unpack_from(data, start)[0]
+        if size < 0 or size > max_frame_bytes:
+            raise FrameTooLargeError(size, max_frame_bytes)
+        total = SIZE_PREFIX_BYTES + size
+        if end - start < total:
+            return frames, start, total
+        frames.append(bytes(data[start : start + total]))
+        start += total
+    return frames, start, 0
+
+
+cut_frames: Callable[[bytes | bytearray | memoryview, int], tuple[list[bytes], int, int]] = (
+    native.compiled.cut_frames if native.compiled is not None else pure_cut_frames
+)
 
 
 class FrameDecoder:
@@ -244,24 +274,14 @@ class FrameReader:
         else:
             data = read
         end = len(data)
-        frames: list[Frame] = []
-        start = 0
-        while end - start >= SIZE_PREFIX_BYTES:
-            size = _SIZE.unpack_from(data, start)[0]
-            if size < 0 or size > self.max_frame_bytes:
-                raise FrameTooLargeError(size, self.max_frame_bytes)
-            total = SIZE_PREFIX_BYTES + size
+        cut, start, incomplete_bytes = cut_frames(data, self.max_frame_bytes)
+        frames: list[Frame] = cut  # type: ignore[assignment]  # list is invariant; read-only here
+        if incomplete_bytes > self.big_frame_bytes and self.budget.take(incomplete_bytes):
+            big = self._big = bytearray(incomplete_bytes)
             present = end - start
-            if present >= total:
-                frames.append(bytes(data[start : start + total]))
-                start += total
-                continue
-            if total > self.big_frame_bytes and self.budget.take(total):
-                big = self._big = bytearray(total)
-                big[:present] = data[start:end]
-                self._big_filled = present
-                start = end
-            break
+            big[:present] = data[start:end]
+            self._big_filled = present
+            start = end
         if data is pending:
             del pending[:start]
         elif start < end:

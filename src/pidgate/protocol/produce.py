@@ -14,6 +14,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from pidgate.protocol import native
 from pidgate.protocol._wire import (
     I16,
     I32,
@@ -338,6 +339,12 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
     if flexible and buf[pos] != 0:
         skip_tagged_fields(buf, pos)
     return acks, tuple(producer_ids)
+
+
+#: The pure walk, whichever runs (the compiled one hands it what it does not take).
+pure_produce_acks_and_producer_ids = produce_acks_and_producer_ids
+if native.compiled is not None:
+    produce_acks_and_producer_ids = native.compiled.produce_acks_and_producer_ids
 
 
 def _records_length(buf: memoryview, pos: int, flexible: bool) -> tuple[int, int]:
