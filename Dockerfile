@@ -26,13 +26,19 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
+# gcc for pidgate's compiled per-request path (protocol/_speedups.pyx, built by setup.py; the
+# image's Python has its headers). Only in this stage: the runtime image gets the built wheel.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /src
 # Only what the wheel is built from (.dockerignore keeps everything else out of the context).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 
-# pidgate's own wheel plus a wheel of every runtime dependency of the proxy (no extras; all of them
-# publish manylinux wheels for CPython 3.11, so no compiler is needed).
+# pidgate's own wheel (with the compiled module) plus a wheel of every runtime dependency of the
+# proxy (no extras; all of them publish manylinux wheels for CPython 3.11).
 RUN pip wheel --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------------

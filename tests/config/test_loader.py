@@ -9,8 +9,9 @@ import pytest
 
 from pidgate.cli import build_parser
 from pidgate.config import ConfigError, env_var_name, load_settings
-from pidgate.config.loader import service_link_variables
+from pidgate.config.loader import PROCESS_VARIABLES, service_link_variables
 from pidgate.config.serve_flags import serve_overrides
+from pidgate.protocol import native
 
 UPSTREAM = {"proxy": {"upstream": ["127.0.0.1:9092"]}}
 
@@ -213,3 +214,14 @@ def test_errors_name_where_the_value_came_from(tmp_path: Path) -> None:
         load_settings(config, {"PIDGATE_PROXY_MODE": "sidecars"})
     with pytest.raises(ConfigError, match=r"proxy.mode: .*from the command line"):
         load_settings(config, {}, {"proxy": {"mode": "sidecars"}})
+
+
+def test_process_variables_are_not_settings_and_do_not_stop_start_up() -> None:
+    """PIDGATE_PURE_PYTHON is read by pidgate.protocol.native at import, not by the settings:
+    the loader lets it through (and still stops on a near miss)."""
+    assert set(PROCESS_VARIABLES) == {native.PURE_PYTHON_ENV}
+    environ = {native.PURE_PYTHON_ENV: "1", "PIDGATE_PROXY_LISTEN": "127.0.0.1:19092"}
+    settings = load_settings(environ=environ, cli_overrides=UPSTREAM)
+    assert str(settings.proxy.listen) == "127.0.0.1:19092"
+    with pytest.raises(ConfigError, match="PIDGATE_PURE_PYTON is not a pidgate setting"):
+        load_settings(environ={"PIDGATE_PURE_PYTON": "1"}, cli_overrides=UPSTREAM)

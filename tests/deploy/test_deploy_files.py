@@ -170,9 +170,12 @@ def test_dockerfile_copy_sources_exist_in_the_build_context() -> None:
             assert (ROOT / source).exists(), f"COPY {source}: no such path in the repository"
             assert not _dockerignore_excludes(source), f"COPY {source}: excluded by .dockerignore"
     # What the wheel build needs is in the context, what must never be sent is not.
-    for needed in ("pyproject.toml", "README.md", "src/pidgate/cli.py", "deploy/pidgate.yaml"):
+    needed_paths = ("pyproject.toml", "setup.py", "README.md", "src/pidgate/cli.py")
+    for needed in (*needed_paths, "src/pidgate/protocol/_speedups.pyx", "deploy/pidgate.yaml"):
         assert not _dockerignore_excludes(needed), needed
-    for kept_out in (".venv/bin/python", ".git/HEAD", "tests/__init__.py"):
+    # A module compiled here is for this machine's Python: the image builds its own.
+    built_here = "src/pidgate/protocol/_speedups.cpython-311-x86_64-linux-gnu.so"
+    for kept_out in (".venv/bin/python", ".git/HEAD", "tests/__init__.py", built_here):
         assert _dockerignore_excludes(kept_out), kept_out
 
 

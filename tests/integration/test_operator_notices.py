@@ -185,3 +185,47 @@ def test_sidecar_without_fleet_id_warns_at_start(
     assert "set the same fleet.id on every sidecar" in plain[0]
     assert not events_named(in_fleet, "sidecar_without_fleet")
     assert "pidgate: warning" not in in_fleet.log_text()
+
+
+def _produce_through(bootstrap: str, topic: str, count: int) -> int:
+    """Idempotent records produced through ``bootstrap``; how many were delivered."""
+    from confluent_kafka import Producer
+
+    delivered: list[bool] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for index in range(count):
+        producer.produce(
+            topic, str(index).encode(), on_delivery=lambda err, _msg: delivered.append(err is None)
+        )
+    assert producer.flush(30) == 0
+    return sum(delivered)
+
+
+def test_the_data_path_is_named_at_start_and_the_pure_path_forced_serves_alike(
+    broker: EmbeddedBroker, processes: list[PidgateProcess]
+) -> None:
+    """Issue "native": pidgate says which data path runs (compiled, as the normal install
+    builds it); PIDGATE_PURE_PYTHON=1 forces the pure one with one log line naming why, and
+    both serve the same idempotent producer."""
+    compiled = PidgateProcess(
+        broker.bootstrap, free_port(), extra_args=("--default-producer-ids-rate", "10")
+    )
+    pure = PidgateProcess(
+        broker.bootstrap,
+        free_port(),
+        extra_args=("--default-producer-ids-rate", "10"),
+        env={"PIDGATE_PURE_PYTHON": "1"},
+    )
+    processes += [compiled, pure]
+    for process in (compiled, pure):
+        process.wait_listening()
+        wait_until(lambda p=process: events_named(p, "pidgate_started"), 10, "started")
+    (started,) = events_named(compiled, "pidgate_started")
+    assert started["data_path"] == "compiled"
+    assert events_named(compiled, "pure_python_data_path") == []
+    (started,) = events_named(pure, "pidgate_started")
+    assert started["data_path"] == "pure"
+    (line,) = events_named(pure, "pure_python_data_path")
+    assert line["reason"] == "PIDGATE_PURE_PYTHON=1 is set" and line["level"] == "info"
+    for process in (compiled, pure):
+        assert _produce_through(process.bootstrap, "data-path-" + str(process.pid), 50) == 50

@@ -76,6 +76,12 @@ _SERVICE_LINK = re.compile(
 )
 
 
+#: ``PIDGATE_*`` variables that are not settings: read before any setting, by the module named.
+PROCESS_VARIABLES = {
+    "PIDGATE_PURE_PYTHON": "pidgate.protocol.native (forces the pure-Python data path)",
+}
+
+
 def is_service_link(name: str) -> bool:
     """``name`` has the shape of a Kubernetes service-link variable (and is no setting)."""
     return _SERVICE_LINK.fullmatch(name) is not None and name not in env_var_names()
@@ -117,7 +123,7 @@ def overrides_from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if not name.startswith(ENV_PREFIX):
             continue
         if name not in known:
-            if is_service_link(name):
+            if is_service_link(name) or name in PROCESS_VARIABLES:
                 continue
             raise ConfigError(
                 f"environment variable {name} is not a pidgate setting{_did_you_mean(name, known)}"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pidgate.config import Settings
+from pidgate.protocol import native
 from pidgate.protocol.api_versions import inspected_api_version_limits
 from pidgate.proxy.decision_counters import DecisionCounters
 from pidgate.proxy.housekeeping import Housekeeping
@@ -253,8 +254,15 @@ class ProxyServer:
         self._housekeeping.start()
         if not self.quota_control.effective_rates():
             self.context.notices.no_quota()
+        if native.PURE_REASON is not None:
+            # The one line a missing compiled module gets (issue "native"): everything works,
+            # at the pure path's CPU cost per request.
+            forced = native.PURE_REASON.startswith(native.PURE_PYTHON_ENV)
+            log_pure = get_logger().info if forced else get_logger().warning
+            log_pure("pure_python_data_path", reason=native.PURE_REASON)
         get_logger().info(
             "pidgate_started",
+            data_path=native.DATA_PATH,
             listen=str(listen),
             mode=self.settings.proxy.mode,
             upstream=[str(hp) for hp in self.settings.proxy.upstream],
