@@ -90,7 +90,7 @@ def cut_frames(data, Py_ssize_t max_frame_bytes):
 cdef object _pure_walk = None
 
 
-cdef object _delegate(object body, int api_version):
+cdef object _delegate(object body, object api_version):
     """The pure walk, for every shape this one does not take: it raises the error or returns
     the result, exactly as on the pure path."""
     global _pure_walk
@@ -101,21 +101,25 @@ cdef object _delegate(object body, int api_version):
     return _pure_walk(body, api_version)
 
 
-def produce_acks_and_producer_ids(body, int api_version):
+def produce_acks_and_producer_ids(body, api_version):
     """(acks, producer ids) of a ProduceRequest body: ``produce.produce_acks_and_producer_ids``
     compiled (same results, same errors; see the module docstring)."""
     cdef Py_buffer view
-    cdef int result
+    cdef int result, version
     cdef int16_t acks = 0
     cdef list producer_ids = []
-    if api_version < FIRST_SUPPORTED_VERSION or api_version > LAST_SUPPORTED_VERSION:
+    # Anything but a supported int (a bool, a huge int, another type) is the pure walk's to judge.
+    if type(api_version) is not int or not (
+        FIRST_SUPPORTED_VERSION <= api_version <= LAST_SUPPORTED_VERSION
+    ):
         return _delegate(body, api_version)
+    version = api_version
     try:
         PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
     except (TypeError, BufferError):
         return _delegate(body, api_version)  # not a flat byte buffer: the pure walk says what
     try:
-        result = _walk(<const uint8_t*>view.buf, view.len, api_version, &acks, producer_ids)
+        result = _walk(<const uint8_t*>view.buf, view.len, version, &acks, producer_ids)
     finally:
         PyBuffer_Release(&view)
     if result != 0:
