@@ -9,12 +9,15 @@ Engine: atheris (coverage-guided libFuzzer) when importable and ``--engine ather
 by default a plain-Python mutation fuzzer (seeds built with kafka-python, then byte flips,
 inserts, deletes, splices, interesting integers and pure random bytes) that is deterministic for a
 given ``--seed`` and round-robins over the targets. Bounded by ``--inputs`` (total) and
-``--seconds``. Memory: RSS (VmRSS/VmHWM from /proc/self/status) is sampled and printed; with
+``--seconds``. The ``*_native`` targets compare the compiled module with the pure functions
+(a difference is a crash); without the compiled module they are skipped, with a line saying
+why. Memory: RSS (VmRSS/VmHWM from /proc/self/status) is sampled and printed; with
 ``--tracemalloc`` the Python heap peak is printed too (slower). A run whose RSS grows by more than
 ``--max-rss-growth-mb`` fails.
 
     .venv/bin/python scripts/fuzz.py --inputs 1000000 --seconds 600
     .venv/bin/python scripts/fuzz.py --targets produce,sasl --inputs 50000
+    .venv/bin/python scripts/fuzz.py --targets produce_native,framing_native --inputs 1000000
     .venv/bin/python scripts/fuzz.py --engine atheris --targets framing -- -runs=100000
 """
 
@@ -40,7 +43,7 @@ SCRIPTS = Path(__file__).resolve().parent
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-from fuzz_targets import TARGETS, build_seeds  # noqa: E402
+from fuzz_targets import COMPILED_MISSING, NATIVE_TARGETS, TARGETS, build_seeds  # noqa: E402
 
 from pidgate.protocol.errors import ProtocolError  # noqa: E402
 
@@ -311,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         p.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
+    skipped = [n for n in names if n in NATIVE_TARGETS] if COMPILED_MISSING else []
+    if skipped:
+        print(f"skipping {', '.join(skipped)}: {COMPILED_MISSING}", flush=True)
+        names = [n for n in names if n not in skipped]
+        if not names:
+            return 0
     if args.engine == "atheris":
         return run_atheris(args, names, rest)
     return run_python(args, names)

@@ -4,12 +4,20 @@
 Owns: ``TARGETS`` (name -> a function feeding one input to a sans-IO protocol entry point; the
 leading byte(s) of the input select the version or mode) and ``build_seeds`` (valid messages
 built with kafka-python). Imports only ``pidgate.protocol`` and kafka-python: no engine, no I/O.
+
+The ``*_native`` targets (``NATIVE_TARGETS``, issue "native") run the compiled twin
+``pidgate.protocol._speedups`` and the pure function on the same input: a different result, a
+different exception type or message, or any exception but ``ProtocolError`` from either is a
+crash (``NativeMismatch`` for a difference). They need the compiled module, imported directly
+(so they run under ``PIDGATE_PURE_PYTHON=1`` too); ``COMPILED_MISSING`` says why when it is not
+built, and the harness then skips them.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Any
 
 from pidgate.protocol import api_versions, endpoints, headers
 from pidgate.protocol import init_producer_id as ipid
@@ -17,8 +25,8 @@ from pidgate.protocol.client_quotas.alter import split_alter_request
 from pidgate.protocol.client_quotas.describe import split_describe_request
 from pidgate.protocol.client_quotas.entities import QuotaEntity
 from pidgate.protocol.errors import ProtocolError
-from pidgate.protocol.framing import FrameDecoder
-from pidgate.protocol.produce import parse_produce_request
+from pidgate.protocol.framing import FrameDecoder, pure_cut_frames
+from pidgate.protocol.produce import parse_produce_request, pure_produce_acks_and_producer_ids
 from pidgate.protocol.record_batches import iter_batch_headers
 from pidgate.protocol.sasl import SaslObserver
 
@@ -163,6 +171,100 @@ def t_init_pid_response(data: bytes) -> None:
         ipid.parse_init_producer_id_response(data[1:], data[0] % 8)
 
 
+# --- native targets: the compiled twin and the pure function on the same input --------------
+
+_compiled: Any
+try:
+    from pidgate.protocol import _speedups as _compiled  # type: ignore[attr-defined,no-redef]
+
+    COMPILED_MISSING: str | None = None
+except ImportError as _error:
+    _compiled = None
+    COMPILED_MISSING = (
+        f"the compiled module pidgate.protocol._speedups is not built ({_error}); reinstall "
+        "pidgate where gcc and the Python headers are, or run "
+        "cythonize -i src/pidgate/protocol/_speedups.pyx"
+    )
+
+
+class NativeMismatch(AssertionError):
+    """The compiled and the pure function disagreed on one input."""
+
+
+def _outcome(function: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+    try:
+        result = function(*args)
+    except Exception as error:
+        return ("raises", type(error), str(error), error)
+    return ("returns", result, repr(result), None)
+
+
+def _same_on_both(
+    what: str, compiled: Callable[..., Any], pure: Callable[..., Any], *args: Any
+) -> Any:
+    """Run both; raise NativeMismatch on any difference, else re-raise the (common) error."""
+    want = _outcome(pure, *args)
+    got = _outcome(compiled, *args)
+    if got[:3] != want[:3]:
+        raise NativeMismatch(f"{what}: compiled {got[:3]!r} != pure {want[:3]!r}")
+    if want[3] is not None:
+        raise want[3]
+    return want[1]
+
+
+def _buffer(kind: int, data: bytes) -> bytes | bytearray | memoryview:
+    """``data`` as bytes, a bytearray, a memoryview inside a bigger buffer, or (produce only) a
+    memoryview of wider items (format 'I' or 'H' when the length allows)."""
+    if kind == 0:
+        return data
+    if kind == 1:
+        return bytearray(data)
+    if kind == 2:
+        return memoryview(b"HEAD" + data + b"TAIL")[4 : 4 + len(data)]
+    if len(data) % 4 == 0:
+        return memoryview(data).cast("I")
+    return memoryview(data).cast("H") if len(data) % 2 == 0 else memoryview(data).cast("b")
+
+
+def _need_compiled() -> Any:
+    if _compiled is None:
+        raise RuntimeError(COMPILED_MISSING)
+    return _compiled
+
+
+def t_produce_native(data: bytes) -> None:
+    """data[0]: api_version (low 4 bits: 0..15, 3..13 supported) and buffer kind (bits 4-5)."""
+    compiled = _need_compiled()
+    if not data:
+        return
+    body = _buffer((data[0] >> 4) & 3, data[1:])
+    _same_on_both(
+        "produce_acks_and_producer_ids",
+        compiled.produce_acks_and_producer_ids,
+        pure_produce_acks_and_producer_ids,
+        body,
+        data[0] & 0x0F,
+    )
+
+
+def t_framing_native(data: bytes) -> None:
+    """data[0]: max_frame_bytes ((low 6 bits) * 8 - 1; 63: 2**31 - 1) and buffer kind (bits 6-7:
+    bytes, bytearray, memoryview slice, memoryview of a bytearray as FrameReader hands over)."""
+    compiled = _need_compiled()
+    if not data:
+        return
+    code = data[0] & 0x3F
+    max_frame = 2**31 - 1 if code == 0x3F else code * 8 - 1
+    kind = data[0] >> 6
+    stream = _buffer(kind, data[1:]) if kind < 3 else memoryview(bytearray(data[1:]))
+    frames, consumed, incomplete = _same_on_both(
+        "cut_frames", compiled.cut_frames, pure_cut_frames, stream, max_frame
+    )
+    left = len(stream) - consumed
+    assert b"".join(frames) == bytes(stream[:consumed]), "frames are not the input in order"
+    assert left < incomplete if incomplete else left < 4, "a whole frame or size left uncut"
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "framing": t_framing,
     "produce": t_produce,
@@ -177,7 +279,11 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "describe_quotas": t_describe_quotas,
     "init_pid_request": t_init_pid_request,
     "init_pid_response": t_init_pid_response,
+    "produce_native": t_produce_native,
+    "framing_native": t_framing_native,
 }
+#: Targets that need the compiled module (skipped, with COMPILED_MISSING, when it is absent).
+NATIVE_TARGETS = ("produce_native", "framing_native")
 
 # --- seeds: valid messages built with kafka-python ---------------------------------------------
 
@@ -304,6 +410,28 @@ def build_seeds() -> dict[str, list[bytes]]:
             bytes([v]) + tip._request(v, None),
         ]
         seeds["init_pid_response"].append(bytes([v]) + tip._response(v))
+    _native_seeds(seeds)
     for name in TARGETS:
         seeds[name].append(b"")
     return seeds
+
+
+def _native_seeds(seeds: dict[str, list[bytes]]) -> None:
+    """Valid Produce bodies of v3..v13 (tagged fields, padded varints, legacy batches, long
+    names: tests/protocol/test_native.py builds them) as bytes, bytearray and memoryview
+    slices; streams of whole and cut frames, and framed bodies."""
+    from tests.protocol.test_native import native_seed_bodies
+
+    bodies = native_seed_bodies()
+    for index, (version, body) in enumerate(bodies):
+        seeds["produce_native"].append(bytes([(index % 3) << 4 | version]) + body)
+    stream = b"".join(struct.pack(">i", len(p)) + p for p in (b"abc", b"", b"q" * 40))
+    framed = stream + struct.pack(">i", 60) + b"x" * 60
+    for kind in range(4):
+        seeds["framing_native"] += [
+            bytes([kind << 6 | 0x3F]) + framed,
+            bytes([kind << 6 | 8]) + framed,  # max 63
+            bytes([kind << 6 | 0x3F]) + framed[:-7],  # cut inside the last frame
+        ]
+    for _version, body in bodies[:: len(bodies) // 4]:
+        seeds["framing_native"].append(bytes([0x3F]) + struct.pack(">i", len(body)) + body)

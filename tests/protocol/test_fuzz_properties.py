@@ -41,7 +41,17 @@ def _load_harness() -> ModuleType:
 FUZZ: Any = _load_harness()
 TARGETS: dict[str, Any] = FUZZ.TARGETS
 SEEDS: dict[str, list[bytes]] = FUZZ.build_seeds()
-NAMES = sorted(TARGETS)
+
+
+def _target(name: str) -> Any:
+    """A target name as a parameter; the native ones skipped when the compiled module is not
+    built (tests/protocol/test_native.py fails then, naming the fix)."""
+    if name in FUZZ.NATIVE_TARGETS and FUZZ.COMPILED_MISSING:
+        return pytest.param(name, marks=pytest.mark.skip(reason=FUZZ.COMPILED_MISSING))
+    return name
+
+
+NAMES = [_target(name) for name in sorted(TARGETS)]
 
 FUZZ_SETTINGS = settings(
     max_examples=300,
@@ -119,16 +129,48 @@ def test_harness_mutator_smoke(name: str) -> None:
         only_protocol_errors(name, FUZZ.mutate(rng, rng.choice(pool), pool))
 
 
+@pytest.mark.skipif(bool(FUZZ.COMPILED_MISSING), reason=str(FUZZ.COMPILED_MISSING))
+def test_native_targets_report_any_difference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled function that answers differently from the pure one, or raises another
+    message, is a crash (NativeMismatch), not a ProtocolError to shrug off."""
+    targets = sys.modules[FUZZ.TARGETS["produce_native"].__module__]
+    real = targets._compiled
+    produce_seed = next(s for s in SEEDS["produce_native"] if s)
+    framing_seed = next(s for s in SEEDS["framing_native"] if s)
+
+    class Wrong:
+        @staticmethod
+        def produce_acks_and_producer_ids(body: Any, api_version: int) -> Any:
+            acks, pids = real.produce_acks_and_producer_ids(body, api_version)
+            return acks, (*pids, 1)
+
+        @staticmethod
+        def cut_frames(data: Any, max_frame_bytes: int) -> Any:
+            raise ProtocolError("another message")
+
+    monkeypatch.setattr(targets, "_compiled", Wrong)
+    with pytest.raises(targets.NativeMismatch, match=r"compiled \('returns'"):
+        TARGETS["produce_native"](produce_seed)
+    with pytest.raises(targets.NativeMismatch, match="another message"):
+        TARGETS["framing_native"](framing_seed)
+    monkeypatch.setattr(targets, "_compiled", real)
+    TARGETS["produce_native"](produce_seed)
+    TARGETS["framing_native"](framing_seed)
+
+
 # --- regressions: inputs the harness once crashed on ------------------------------------------
 
 
 def _crashers() -> list[Any]:
     if not CRASHERS.is_dir():
         return []
-    return [
-        pytest.param(p.name.split("-", 1)[0], p.read_bytes(), id=p.name)
-        for p in sorted(CRASHERS.glob("*.bin"))
-    ]
+    params = []
+    for path in sorted(CRASHERS.glob("*.bin")):
+        name = path.name.split("-", 1)[0]
+        skip = name in FUZZ.NATIVE_TARGETS and FUZZ.COMPILED_MISSING
+        marks = [pytest.mark.skip(reason=FUZZ.COMPILED_MISSING)] if skip else []
+        params.append(pytest.param(name, path.read_bytes(), id=path.name, marks=marks))
+    return params
 
 
 @pytest.mark.parametrize(("name", "data"), _crashers())

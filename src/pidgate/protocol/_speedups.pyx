@@ -19,7 +19,7 @@ Must not import: asyncio, socket, time, logging, structlog, prometheus_client, o
 package outside ``pidgate.protocol``.
 """
 
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_ND
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t
 
@@ -64,12 +64,15 @@ def cut_frames(data, Py_ssize_t max_frame_bytes):
     ``framing.cut_frames``: ``(frames, consumed_bytes, incomplete_frame_bytes)`` where frames
     include their size prefix, and ``incomplete_frame_bytes`` is the whole size (prefix
     included) of the frame that starts at ``consumed_bytes`` when its prefix is there, else 0.
-    A negative or too large size prefix raises ``FrameTooLargeError``, as the pure one."""
+    A negative or too large size prefix raises ``FrameTooLargeError``, as the pure one.
+    Anything but a flat byte buffer (not a buffer, not contiguous, items wider than a byte,
+    several dimensions) goes to the pure cut, whose ``len`` and slices count items."""
     cdef Py_buffer view
     cdef const uint8_t* p
     cdef Py_ssize_t end, start = 0, size, total
     cdef list frames = []
-    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    if not _flat_bytes(data, &view):
+        return _pure_cut(data, max_frame_bytes)
     try:
         p = <const uint8_t*>view.buf
         end = view.len
@@ -85,6 +88,33 @@ def cut_frames(data, Py_ssize_t max_frame_bytes):
         return frames, start, 0
     finally:
         PyBuffer_Release(&view)
+
+
+cdef bint _flat_bytes(object data, Py_buffer* view) except -1:
+    """True with ``view`` held when ``data`` is one flat run of single-byte items (bytes,
+    bytearray, a contiguous one-dimensional byte memoryview): the only shape both paths read
+    alike. False, holding nothing, for the rest: a pure function takes those whole (for a
+    strided or multi-dimensional view the pure ones index items, not bytes)."""
+    try:
+        PyObject_GetBuffer(data, view, PyBUF_ND)  # contiguous only; shape and itemsize kept
+    except (TypeError, BufferError):
+        return False
+    if view.ndim != 1 or view.itemsize != 1:
+        PyBuffer_Release(view)
+        return False
+    return True
+
+
+cdef object _pure_cut_frames = None
+
+
+cdef object _pure_cut(object data, Py_ssize_t max_frame_bytes):
+    global _pure_cut_frames
+    if _pure_cut_frames is None:
+        from pidgate.protocol.framing import pure_cut_frames
+
+        _pure_cut_frames = pure_cut_frames
+    return _pure_cut_frames(data, max_frame_bytes)
 
 
 cdef object _pure_walk = None
@@ -114,9 +144,7 @@ def produce_acks_and_producer_ids(body, api_version):
     ):
         return _delegate(body, api_version)
     version = api_version
-    try:
-        PyObject_GetBuffer(body, &view, PyBUF_SIMPLE)
-    except (TypeError, BufferError):
+    if not _flat_bytes(body, &view):
         return _delegate(body, api_version)  # not a flat byte buffer: the pure walk says what
     try:
         result = _walk(<const uint8_t*>view.buf, view.len, version, &acks, producer_ids)

@@ -248,12 +248,11 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
         size = buf[0]
         if size == 0:
             pos = 1
+        elif size < 0x80:
+            pos = size  # one byte holding length + 1, then the string
         else:
-            if size >= 0x80:
-                size, pos = read_uvarint(buf, 0)
-            else:
-                pos = 1
-            pos += size - 1
+            size, pos = read_uvarint(buf, 0)
+            pos += size - 1 if size else 0  # 0 is null, also as a padded varint (0x80 0x00)
     else:
         size = I16.unpack_from(buf, 0)[0]
         pos = 2 + (size if size > 0 else 0)
@@ -280,7 +279,7 @@ def _walk_producer_ids(buf: memoryview, api_version: int) -> tuple[int, tuple[in
                 pos += size if size else 1  # compact string: length + 1 in the varint byte
             else:
                 size, pos = read_uvarint(buf, pos)
-                pos += size - 1
+                pos += size - 1 if size else 0  # null as a padded varint
         else:
             size = I16.unpack_from(buf, pos)[0]
             if size < -1:
