@@ -2,6 +2,7 @@
 through the floor.
 
     python benchmarks/bench.py [--rounds 5] [--records 200000] [--latency-records 2000] [--quick]
+                               [--paths compiled,pure]
 
 Starts, all on 127.0.0.1: a tansu broker for direct runs (``EmbeddedBroker``); one
 ``pidgate serve`` subprocess (quotas on: ``--default-producer-ids-rate 1000``, so every PID is
@@ -16,7 +17,9 @@ next one (A B C D, B C D A, ...), and a
 single-record-at-a-time latency run alternates the targets record by record. The floor shows
 what any proxy on this machine costs the big-batch workload (a second pass of every byte
 through loopback and a third process on the cores), so ``pidgate/floor`` is pidgate's own
-share. Medians over rounds and paired per-round ratios are printed,
+share. With both data paths (``--paths``, default ``compiled,pure``, issue #25) a second
+``pidgate serve`` on the pure path (``pidgate-pure``, a broker of its own) runs beside the
+compiled one in every round. Medians over rounds and paired per-round ratios are printed,
 then one machine-parsable ``BENCH ...`` line. Everything started here is stopped by PID.
 
 No test imports this: it asserts nothing about speed, it only measures. It imports
@@ -40,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import small_requests
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from support.processes import (
@@ -55,6 +59,8 @@ from support.pyspy import print_profile
 from pidgate.demo.broker import EmbeddedBroker, free_port
 
 TOPIC = "pidgate-bench"
+PURE = small_requests.PURE  # the pure-path pidgate's target name
+TARGET_NAMES = ("direct", "pidgate", "tansu", "floor", "baseline", PURE)
 RECORD = b"x" * 1000  # "1 KB" records
 
 
@@ -154,11 +160,9 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class Results:
-    msgs: dict[str, list[float]] = field(
-        default_factory=lambda: {n: [] for n in ("direct", "pidgate", "tansu", "floor", "baseline")}
-    )
+    msgs: dict[str, list[float]] = field(default_factory=lambda: {n: [] for n in TARGET_NAMES})
     busy_cores: dict[str, list[float]] = field(
-        default_factory=lambda: {n: [] for n in ("direct", "pidgate", "tansu", "floor", "baseline")}
+        default_factory=lambda: {n: [] for n in TARGET_NAMES}
     )
     ratio_direct: list[float] = field(default_factory=list)
     #: floor/direct and pidgate/floor, paired per round.
@@ -166,13 +170,20 @@ class Results:
     ratio_pidgate_floor: list[float] = field(default_factory=list)
     ratio_tansu: list[float] = field(default_factory=list)
     ratio_baseline: list[float] = field(default_factory=list)
+    #: pidgate-pure/direct, pidgate-pure/floor and pidgate (compiled)/pidgate-pure, paired.
+    ratio_pure_direct: list[float] = field(default_factory=list)
+    ratio_pure_floor: list[float] = field(default_factory=list)
+    ratio_compiled_pure: list[float] = field(default_factory=list)
+    pure_cpu_s: list[float] = field(default_factory=list)
+    pure_bytes: list[int] = field(default_factory=list)
+    pure_added_p50: list[float] = field(default_factory=list)
     pidgate_cpu_s: list[float] = field(default_factory=list)
     pidgate_cpu_stat_s: list[float] = field(default_factory=list)
     tansu_proxy_cpu_s: list[float] = field(default_factory=list)
     pidgate_requests: list[int] = field(default_factory=list)
     pidgate_bytes: list[int] = field(default_factory=list)
     lat: dict[str, list[tuple[float, float]]] = field(
-        default_factory=lambda: {n: [] for n in ("direct", "pidgate", "tansu", "floor", "baseline")}
+        default_factory=lambda: {n: [] for n in TARGET_NAMES}
     )
     added_p50: list[float] = field(default_factory=list)
     added_p99: list[float] = field(default_factory=list)
@@ -221,8 +232,6 @@ def main() -> int:
         default=5,
         help="rounds of small_requests.py's floor comparison after the big-batch rounds (0: skip)",
     )
-    import small_requests
-
     small_requests.add_arguments(parser)
     args = parser.parse_args()
     if args.quick:
@@ -234,6 +243,7 @@ def main() -> int:
     pidgate: Pidgate | None = None
     tansu: TansuProxy | None = None
     baseline: Pidgate | None = None
+    pure: Pidgate | None = None
     floor: Forwarder | None = None
     own_brokers: list[Broker] = []
 
@@ -251,7 +261,9 @@ def main() -> int:
     try:
         broker.start()
         create_topic(broker.bootstrap)
-        pidgate = Pidgate(pidgate_upstream := own_broker("pidgate"), log_dir)
+        pidgate_path = args.paths[0]  # "compiled" when listed
+        pidgate = Pidgate(pidgate_upstream := own_broker("pidgate"), log_dir, path=pidgate_path)
+        described = {"pidgate": pidgate.check_data_path(pidgate_path)}
         create_topic(pidgate_upstream)
         tansu = TansuProxy(tansu_origin := own_broker("proxy"), log_dir)
         create_topic(tansu_origin)
@@ -269,6 +281,12 @@ def main() -> int:
             create_topic(baseline_upstream)
             baseline = Pidgate(baseline_upstream, log_dir, args.baseline_src, "pidgate-baseline")
             targets["baseline"] = baseline.bootstrap
+        if len(args.paths) > 1:
+            pure_upstream = own_broker("pure")
+            create_topic(pure_upstream)
+            pure = Pidgate(pure_upstream, log_dir, None, PURE, path="pure")
+            described[PURE] = pure.check_data_path("pure")
+            targets[PURE] = pure.bootstrap
         print(
             f"tansu broker pid {broker.pid} {broker.bootstrap}; pidgate pid {pidgate.process.pid} "
             f"{pidgate.bootstrap}; tansu proxy pid {tansu.process.pid} {tansu.bootstrap}; floor "
@@ -276,6 +294,8 @@ def main() -> int:
             f"{args.rounds} rounds x {args.records} records; logs in {log_dir}",
             flush=True,
         )
+        for name, description in described.items():
+            print(f"{name} data path: {description}", flush=True)
         # Warm-up round (not counted): JIT-free Python still has caches, sockets, page faults.
         for bootstrap in targets.values():
             throughput_run(bootstrap, min(args.records, 20_000), args.time_bound)
@@ -315,6 +335,9 @@ def main() -> int:
                     cpu0, stat0 = pidgate.cpu.sample()
                 elif name == "tansu":
                     tcpu0 = tansu.cpu.schedstat_ns()
+                elif name == PURE and pure is not None:
+                    _, pbytes0 = pure.produce_requests()
+                    pcpu0 = pure.cpu.schedstat_ns()
                 busy0, total0 = machine_busy_ticks()
                 run = throughput_run(bootstrap, args.records, args.time_bound)
                 busy1, total1 = machine_busy_ticks()
@@ -330,6 +353,9 @@ def main() -> int:
                     res.pidgate_bytes.append(bytes1 - bytes0)
                 elif name == "tansu":
                     res.tansu_proxy_cpu_s.append((tansu.cpu.schedstat_ns() - tcpu0) / 1e9)
+                elif name == PURE and pure is not None:
+                    res.pure_cpu_s.append((pure.cpu.schedstat_ns() - pcpu0) / 1e9)
+                    res.pure_bytes.append(pure.produce_requests()[1] - pbytes0)
                 if run.errors:
                     print(f"  {name}: {run.errors} delivery errors", flush=True)
                 got[name] = run.msgs_per_s
@@ -340,6 +366,10 @@ def main() -> int:
             res.ratio_pidgate_floor.append(got["pidgate"] / got["floor"])
             if "baseline" in got:
                 res.ratio_baseline.append(got["pidgate"] / got["baseline"])
+            if PURE in got:
+                res.ratio_pure_direct.append(got[PURE] / got["direct"])
+                res.ratio_pure_floor.append(got[PURE] / got["floor"])
+                res.ratio_compiled_pure.append(got["pidgate"] / got[PURE])
 
             req0, _ = pidgate.produce_requests()  # scrape outside the CPU window
             cpu0, _ = pidgate.cpu.sample()
@@ -359,6 +389,8 @@ def main() -> int:
             res.tansu_added_p99.append(pct["tansu"][1] - pct["direct"][1])
             if "baseline" in pct:
                 res.baseline_added_p50.append(pct["baseline"][0] - pct["direct"][0])
+            if PURE in pct:
+                res.pure_added_p50.append(pct[PURE][0] - pct["direct"][0])
             print(
                 f"round {rnd}: msg/s direct {got['direct']:,.0f} pidgate {got['pidgate']:,.0f} "
                 f"tansu-proxy {got['tansu']:,.0f} floor {got['floor']:,.0f} | pidgate/direct "
@@ -368,7 +400,13 @@ def main() -> int:
                 f"direct {pct['direct'][0]:.0f} pidgate {pct['pidgate'][0]:.0f} tansu-proxy "
                 f"{pct['tansu'][0]:.0f} floor {pct['floor'][0]:.0f} µs, p99 "
                 f"{pct['direct'][1]:.0f}/{pct['pidgate'][1]:.0f}/{pct['tansu'][1]:.0f}/"
-                f"{pct['floor'][1]:.0f} µs",
+                f"{pct['floor'][1]:.0f} µs"
+                + (
+                    f" | {PURE} {got[PURE]:,.0f} msg/s, pure/direct {res.ratio_pure_direct[-1]:.3f} "
+                    f"compiled/pure {res.ratio_compiled_pure[-1]:.3f}, p50 {pct[PURE][0]:.0f} µs"
+                    if PURE in got
+                    else ""
+                ),
                 flush=True,
             )
         if spy is not None:
@@ -383,6 +421,8 @@ def main() -> int:
             pidgate.stop()
             if baseline is not None:
                 baseline.stop()
+            if pure is not None:
+                pure.stop()
             for own in own_brokers:
                 own.stop()
             print("\n== small requests against the floor (benchmarks/small_requests.py) ==")
@@ -393,7 +433,7 @@ def main() -> int:
         report(res, args, time.monotonic() - started, small)
         return 0
     finally:
-        for served in (floor, baseline):
+        for served in (floor, baseline, pure):
             if served is not None:
                 served.stop()
         if tansu is not None:
@@ -472,9 +512,29 @@ def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str 
             f"{med(res.ratio_baseline):.3f} (per round: {', '.join(f'{r:.3f}' for r in res.ratio_baseline)}); "
             f"baseline added latency p50 {med(res.baseline_added_p50):+.0f} µs"
         )
+    pure_fields = ""
+    if res.ratio_compiled_pure:
+        pure_per_gb = [
+            c / (b / 1e9) for c, b in zip(res.pure_cpu_s, res.pure_bytes, strict=True) if b
+        ]
+        print(
+            f"pidgate-pure (pure path)   {med(res.msgs[PURE]):,.0f} msg/s; ratio pure/direct "
+            f"{med(res.ratio_pure_direct):.3f} (per round: {', '.join(f'{r:.3f}' for r in res.ratio_pure_direct)}); "
+            f"pure/floor {med(res.ratio_pure_floor):.3f}; compiled/pure {med(res.ratio_compiled_pure):.3f} "
+            f"(per round: {', '.join(f'{r:.3f}' for r in res.ratio_compiled_pure)}); "
+            f"CPU {med(pure_per_gb):.3f} s/GB; added latency p50 {med(res.pure_added_p50):+.0f} µs"
+        )
+        pure_fields = (
+            f" ratio_pure_direct={med(res.ratio_pure_direct):.3f} "
+            f"ratio_pure_floor={med(res.ratio_pure_floor):.3f} "
+            f"ratio_compiled_pure={med(res.ratio_compiled_pure):.3f} "
+            f"pure_cpu_s_per_gb={med(pure_per_gb):.3f} "
+            f"pure_added_latency_p50_us={med(res.pure_added_p50):.0f} "
+            f"pure_msgs_per_s={med(res.msgs[PURE]):.0f}"
+        )
     print(f"elapsed {elapsed_s:.0f} s")
     print(
-        f"BENCH ratio_direct={med(res.ratio_direct):.3f} ratio_tansu_proxy={med(res.ratio_tansu):.3f} "
+        f"BENCH pidgate_path={args.paths[0]} ratio_direct={med(res.ratio_direct):.3f} ratio_tansu_proxy={med(res.ratio_tansu):.3f} "
         f"ratio_floor_direct={med(res.ratio_floor_direct):.3f} "
         f"ratio_pidgate_floor={med(res.ratio_pidgate_floor):.3f} "
         f"cpu_us_per_request={med(per_request):.1f} "
@@ -482,8 +542,8 @@ def report(res: Results, args: argparse.Namespace, elapsed_s: float, small: str 
         f"cpu_s_per_gb={med(per_gb):.3f} "
         f"added_latency_p50_us={med(res.added_p50):.0f} added_latency_p99_us={med(res.added_p99):.0f} "
         f"direct_msgs_per_s={med(res.msgs['direct']):.0f} pidgate_msgs_per_s={med(res.msgs['pidgate']):.0f} "
-        f"tansu_proxy_msgs_per_s={med(res.msgs['tansu']):.0f} rounds={args.rounds} records={args.records}"
-        f"{small}",
+        f"tansu_proxy_msgs_per_s={med(res.msgs['tansu']):.0f}{pure_fields} rounds={args.rounds} "
+        f"records={args.records}{small}",
         flush=True,
     )
 

@@ -5,6 +5,11 @@
 Each line is the median (and best) of ``--repeat`` timeit repeats, in µs per call. Bodies are
 built with kafka-python's classes (the reference encoder of the protocol tests). The machine
 is shared and noisy: compare medians of runs made side by side, never single numbers.
+
+``native`` times the two per-request primitives that have a compiled twin (issue #25,
+``pidgate.protocol.native``), the lean Produce walk and the frame cut, compiled and pure side by
+side in this one process whatever path it runs. Every other group runs the path this process
+chose at import (printed first): ``PIDGATE_PURE_PYTHON=1`` runs them on the pure one.
 """
 
 # Report lines are long f-strings, and closures are timed inside the loop that binds them.
@@ -26,9 +31,14 @@ from kafka.protocol.metadata import MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.record.memory_records import MemoryRecordsBuilder
 
+from pidgate.protocol import native
 from pidgate.protocol.endpoints import METADATA_KEY, BrokerEndpoint, rewrite_endpoints
-from pidgate.protocol.framing import frame
-from pidgate.protocol.produce import encode_produce_rejection, parse_produce_request
+from pidgate.protocol.framing import frame, pure_cut_frames
+from pidgate.protocol.produce import (
+    encode_produce_rejection,
+    parse_produce_request,
+    pure_produce_acks_and_producer_ids,
+)
 from pidgate.quota.bloom import BloomShape, bloom_positions
 from pidgate.quota.manager import QuotaManager, QuotaPolicy
 
@@ -70,10 +80,16 @@ def records(producer_id: int, count: int = 10, value_bytes: int = 1000) -> bytes
 TOPIC_ID = uuid.UUID(int=0x1234).bytes
 
 
-def produce_body(version: int, partitions: int, producer_id: int = 4242) -> bytes:
+def produce_body(
+    version: int,
+    partitions: int,
+    producer_id: int = 4242,
+    count: int = 10,
+    value_bytes: int = 1000,
+) -> bytes:
     T = ProduceRequest.TopicProduceData
     P = T.PartitionProduceData
-    blob = records(producer_id)
+    blob = records(producer_id, count, value_bytes)
     kwargs: dict[str, Any] = {
         "partition_data": [P(index=i, records=blob) for i in range(partitions)]
     }
@@ -180,6 +196,57 @@ def bench_produce_walk(repeat: int) -> None:
                 lambda: parse_produce_request(view, version),
                 repeat,
             )
+
+
+def bench_native(repeat: int) -> None:
+    """The lean walk and the frame cut, compiled and pure, on the same input in turn."""
+    try:
+        from pidgate.protocol import _speedups  # type: ignore[attr-defined]
+    except ImportError as error:
+        print(f"native: the compiled module is not built ({error}): pure only")
+        _speedups = None
+    pairs: list[tuple[str, float, float]] = []
+
+    def both(name: str, compiled: Callable[[], object], pure: Callable[[], object]) -> None:
+        if _speedups is None:
+            bench(f"{name}, pure", pure, repeat)
+            return
+        if compiled() != pure():
+            raise AssertionError(f"{name}: the compiled and pure results differ")
+        c = bench(f"{name}, compiled", compiled, repeat)
+        p = bench(f"{name}, pure", pure, repeat)
+        pairs.append((name, c, p))
+
+    walk = _speedups.produce_acks_and_producer_ids if _speedups else None
+    cases = [(9, 1, 1, 100), (9, 1, 10, 1000), (9, 10, 10, 1000), (9, 50, 10, 1000)]
+    cases += [(13, 1, 1, 100), (13, 50, 10, 1000)]
+    for version, partitions, count, value_bytes in cases:
+        body = produce_body(version, partitions, count=count, value_bytes=value_bytes)
+        view = memoryview(body)  # as the connection hands it over
+        both(
+            f"lean walk v{version} {partitions:2d} partitions x {count:2d} x {value_bytes} B",
+            lambda: walk(view, version),
+            lambda: pure_produce_acks_and_producer_ids(view, version),
+        )
+    # The small_requests.py request (Produce v9, one 100-byte record), one frame or 32 in one
+    # read (pipelined), then one 1 MB frame; cut from a memoryview, as FrameReader does.
+    small = request_frame(0, 9, 7, produce_body(9, 1, count=1, value_bytes=100), True)
+    big = request_frame(0, 9, 7, produce_body(9, 1, count=1000, value_bytes=1000), True)
+    cut = _speedups.cut_frames if _speedups else None
+    limit = 100 << 20
+    for label, data in (
+        (f"1 frame of {len(small)} B", small),
+        (f"32 frames of {len(small)} B", small * 32),
+        (f"1 frame of {len(big) >> 10} KiB", big),
+    ):
+        view = memoryview(bytearray(data))
+        both(
+            f"cut_frames {label}",
+            lambda: cut(view, limit),
+            lambda: pure_cut_frames(view, limit),
+        )
+    for name, c, p in pairs:
+        print(f"  {name:56s} pure/compiled {p / c:5.2f}x ({p - c:+.2f} µs)")
 
 
 def _manager_with_layers(
@@ -393,7 +460,12 @@ def main() -> int:
     parser.add_argument("--only", help="run only benchmarks whose group name contains this")
     parser.add_argument("--skip-memory", action="store_true")
     args = parser.parse_args()
+    print(
+        f"data path of this process: {native.DATA_PATH}"
+        + (f" ({native.PURE_REASON})" if native.PURE_REASON else "")
+    )
     groups = {
+        "native": bench_native,
         "walk": bench_produce_walk,
         "quota": bench_quota,
         "gatekeeper": bench_gatekeeper,

@@ -3,6 +3,7 @@
     python benchmarks/small_requests.py [--rounds 5] [--requests 20000] [--producers 16]
                                         [--records-per-producer 400] [--baseline-src DIR]
                                         [--profile FILE] [--only WORKLOAD] [--minimal-gate]
+                                        [--paths compiled,pure]
 
 The PID-explosion workload is many producers sending small requests, so what pidgate costs per
 request matters more than what it costs per byte. This script starts one tansu broker, the
@@ -22,6 +23,13 @@ round:
   ``linger.ms=0``), each in its own thread producing one record and waiting for its delivery
   report, ``--records-per-producer`` times: one record per Produce request, many connections.
 
+``--paths`` (default ``compiled,pure``) says which of pidgate's data paths are measured
+(issue #25, ``pidgate.protocol.native``): ``pidgate`` runs the compiled per-request primitives
+(``PIDGATE_PURE_PYTHON`` unset) and ``pidgate-pure`` a second ``pidgate serve`` with
+``PIDGATE_PURE_PYTHON=1``, both in every round beside the floor. With ``--paths pure`` alone
+the ``pidgate`` target itself runs the pure path. Each process's path is read from its memory
+map (is ``_speedups`` loaded?) and printed; a "compiled" target found pure stops the run.
+
 ``--minimal-gate`` adds two processes on the raw-frame workloads: ``minimal_gate.py`` (frames
 cut, headers and correlation ids read, nothing else) and ``minimal_gate.py --quota`` (the same
 plus pidgate's lean walk and quota decision per Produce, nothing else of pidgate). They show how
@@ -31,7 +39,8 @@ this machine, and how much any that also enforces a PID quota pays.
 CPU is each proxy process's schedstat time (all threads, ns) over the run, divided by the
 Produce requests the run sent. The ``BENCH_SMALL`` line gives per workload the floor's and
 pidgate's µs per request and their ratio (medians of the per-round paired ratios), and the
-throughput ratio of pidgate to the floor. Everything started here is stopped by PID. No test
+throughput ratio of pidgate to the floor; with both paths also pidgate-pure's, and the
+compiled/pure ratio (paired per round). Everything started here is stopped by PID. No test
 imports this: it measures, it asserts nothing about speed. ``bench.py`` imports it for these
 rounds; it imports ``support/`` (the processes, py-spy) and never ``bench.py``.
 """
@@ -72,6 +81,12 @@ PRODUCE_VERSION = 9
 PIPELINE_DEPTH = 32
 #: The processes measured besides the floor and pidgate, when asked for.
 OTHERS = ("baseline", "minimal", "minimal_quota")
+#: pidgate's data paths (``--paths``); the second pidgate process, on the pure path beside the
+#: compiled one.
+PATHS = ("compiled", "pure")
+PURE = "pidgate-pure"
+#: Issue #25's bounds on pidgate CPU per request / the floor's (no bound for ``librdkafka``).
+TARGETS = {"pingpong-known": 1.3, "pipelined-known": 1.3, "pipelined-new": 1.5}
 
 
 # -- raw frames -------------------------------------------------------------------------------
@@ -308,6 +323,10 @@ class Measured:
     #: baseline/floor, minimal/floor and minimal_quota/floor CPU ratios, paired per round like
     #: ``cpu_ratio``.
     other_cpu_ratios: dict[str, list[float]] = field(default_factory=dict)
+    #: pidgate-pure/floor CPU and throughput, and pidgate (compiled)/pidgate-pure CPU, paired.
+    pure_cpu_ratio: list[float] = field(default_factory=list)
+    pure_throughput_ratio: list[float] = field(default_factory=list)
+    compiled_pure_ratio: list[float] = field(default_factory=list)
 
 
 def measure_round(
@@ -334,6 +353,11 @@ def measure_round(
     got.cpu_ratio.append(per["pidgate"][0] / per["floor"][0])
     got.throughput_ratio.append(per["pidgate"][1] / per["floor"][1])
     extra = ""
+    if PURE in per:
+        got.pure_cpu_ratio.append(per[PURE][0] / per["floor"][0])
+        got.pure_throughput_ratio.append(per[PURE][1] / per["floor"][1])
+        got.compiled_pure_ratio.append(per["pidgate"][0] / per[PURE][0])
+        extra += f" pure/floor {got.pure_cpu_ratio[-1]:.2f} compiled/pure {got.compiled_pure_ratio[-1]:.2f}"
     for other in OTHERS:
         if other in per:
             ratio = per[other][0] / per["floor"][0]
@@ -346,7 +370,11 @@ def measure_round(
     )
 
 
-def report(results: dict[str, Measured]) -> str:
+def _rounds(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in ratios)
+
+
+def report(results: dict[str, Measured], pidgate_path: str = "compiled") -> str:
     med = statistics.median
     print("\n== small requests: medians over rounds (CPU ratio paired per round) ==")
     fields = []
@@ -368,6 +396,29 @@ def report(results: dict[str, Measured]) -> str:
             f"{key}_floor_us={floor:.1f} {key}_pidgate_us={pidgate:.1f} "
             f"{key}_cpu_ratio={med(m.cpu_ratio):.2f} {key}_throughput_ratio={med(m.throughput_ratio):.2f}"
         )
+        target = TARGETS.get(name)
+        if m.compiled_pure_ratio:
+            pure = med(m.us_per_request[PURE])
+            print(
+                f"{'':16s} paths: compiled {pidgate:6.1f} µs ({med(m.cpu_ratio):.2f}x floor)  "
+                f"pure {pure:6.1f} µs ({med(m.pure_cpu_ratio):.2f}x floor, rounds "
+                f"{_rounds(m.pure_cpu_ratio)})  compiled/pure {med(m.compiled_pure_ratio):.2f} "
+                f"(rounds {_rounds(m.compiled_pure_ratio)})  throughput pure/floor "
+                f"{med(m.pure_throughput_ratio):.2f}"
+            )
+            fields.append(
+                f"{key}_pidgate_pure_us={pure:.1f} {key}_pure_cpu_ratio={med(m.pure_cpu_ratio):.2f} "
+                f"{key}_pure_throughput_ratio={med(m.pure_throughput_ratio):.2f} "
+                f"{key}_compiled_pure_cpu_ratio={med(m.compiled_pure_ratio):.2f}"
+            )
+        if target:
+            met = "met" if med(m.cpu_ratio) <= target else "not met"
+            pure_met = (
+                f"; pure {'met' if med(m.pure_cpu_ratio) <= target else 'not met'}"
+                if m.compiled_pure_ratio
+                else ""
+            )
+            print(f"{'':16s} issue #25 bound <= {target}: {pidgate_path} {met}{pure_met}")
         for other in ("minimal", "minimal_quota"):
             if other in m.us_per_request:
                 fields.append(
@@ -389,6 +440,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "minimal_gate.py --quota (plus the lean walk and the quota decision) on the raw-frame "
         "workloads: the least any Python Kafka-aware gate, and any with a PID quota, pays here",
     )
+    parser.add_argument(
+        "--paths",
+        type=_paths,
+        default=PATHS,
+        metavar="compiled,pure",
+        help="pidgate's data paths to measure, each its own pidgate process in every round "
+        "(default both: 'pidgate' compiled, 'pidgate-pure' with PIDGATE_PURE_PYTHON=1; "
+        "'pure' alone runs 'pidgate' on the pure path)",
+    )
+
+
+def _paths(value: str) -> tuple[str, ...]:
+    paths = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not paths or any(p not in PATHS for p in paths) or len(set(paths)) != len(paths):
+        raise argparse.ArgumentTypeError(f"a comma list of {', '.join(PATHS)}, not {value!r}")
+    return tuple(p for p in PATHS if p in paths)
 
 
 def main() -> int:
@@ -401,7 +468,7 @@ def main() -> int:
     parser.add_argument("--baseline-src", metavar="DIR", help="also run pidgate from this tree")
     parser.add_argument("--profile", metavar="FILE", help="py-spy pidgate (raw stacks to FILE)")
     args = parser.parse_args()
-    print(f"BENCH_SMALL {run(args)}", flush=True)
+    print(f"BENCH_SMALL pidgate_path={args.paths[0]} {run(args)}", flush=True)
     return 0
 
 
@@ -409,22 +476,36 @@ def run(args: argparse.Namespace) -> str:
     """Every round of every workload, printed as it goes; returns the BENCH fields."""
     log_dir = Path(tempfile.mkdtemp(prefix="pidgate-small-"))
     forwarder_port = free_port()
-    floor_broker = broker = forwarder = pidgate = baseline = minimal = minimal_quota = None
+    floor_broker = broker = pure_broker = forwarder = pidgate = pure = None
+    baseline = minimal = minimal_quota = None
+    paths = getattr(args, "paths", PATHS)
     try:
         floor_broker = Broker(log_dir, "tansu-floor", forwarder_port)
         broker = Broker(log_dir, "tansu")
         forwarder = Forwarder(forwarder_port, floor_broker.address, log_dir)
-        for bootstrap in (forwarder.bootstrap, broker.address):
+        # pidgate-pure gets a broker of its own, as the floor has: tansu keeps every record in
+        # memory, so a shared broker would hold both pidgates' records.
+        pure_broker = Broker(log_dir, "tansu-pure") if len(paths) > 1 else None
+        brokers = [forwarder.bootstrap, broker.address]
+        for bootstrap in brokers + ([pure_broker.address] if pure_broker else []):
             admin = AdminClient({"bootstrap.servers": bootstrap})
             for future in admin.create_topics([NewTopic(TOPIC, 1, 1)]).values():
                 with contextlib.suppress(Exception):  # already there is fine
                     future.result(15)
         # A quota so high every new PID is admitted: the miss path runs, nothing is rejected.
-        pidgate = Pidgate(broker.address, log_dir, rate=1_000_000_000)
+        pidgate_path = paths[0]  # "compiled" when listed
+        pidgate = Pidgate(broker.address, log_dir, rate=1_000_000_000, path=pidgate_path)
+        described = {"pidgate": pidgate.check_data_path(pidgate_path)}
         targets = {
             "floor": (forwarder.bootstrap, forwarder.cpu),
             "pidgate": (pidgate.bootstrap, pidgate.cpu),
         }
+        if pure_broker is not None:
+            pure = Pidgate(
+                pure_broker.address, log_dir, None, PURE, rate=1_000_000_000, path="pure"
+            )
+            described[PURE] = pure.check_data_path("pure")
+            targets[PURE] = (pure.bootstrap, pure.cpu)
         if getattr(args, "minimal_gate", False):
             # Raw frames only: it rewrites no endpoints, so clients bootstrapping through it
             # would be sent to the floor's forwarder.
@@ -452,9 +533,13 @@ def run(args: argparse.Namespace) -> str:
             workloads = [w for w in workloads if w.name == args.only]
         print(
             f"tansu pid {broker.process.pid}; floor pid {forwarder.process.pid}; pidgate pid "
-            f"{pidgate.process.pid}; {args.rounds} rounds; logs in {log_dir}",
+            f"{pidgate.process.pid}"
+            + (f"; {PURE} pid {pure.process.pid}" if pure is not None else "")
+            + f"; {args.rounds} rounds; logs in {log_dir}",
             flush=True,
         )
+        for name, description in described.items():
+            print(f"{name} data path: {description}", flush=True)
 
         def targets_of(w: Workload) -> list[str]:
             return [n for n in targets if not n.startswith("minimal") or w.name != "librdkafka"]
@@ -474,9 +559,19 @@ def run(args: argparse.Namespace) -> str:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
             print_profile(profile)
-        return f"{report(results)} small_rounds={args.rounds}"
+        return f"{report(results, pidgate_path)} small_rounds={args.rounds}"
     finally:
-        for p in (minimal_quota, minimal, baseline, pidgate, forwarder, broker, floor_broker):
+        for p in (
+            minimal_quota,
+            minimal,
+            baseline,
+            pure,
+            pidgate,
+            forwarder,
+            pure_broker,
+            broker,
+            floor_broker,
+        ):
             if p is not None:
                 p.stop()
 

@@ -22,6 +22,24 @@ from pathlib import Path
 
 from pidgate.demo.broker import TANSU_NODE_ID, broker_binary, free_port
 
+#: pidgate's switch to its pure-Python data path (``pidgate.protocol.native``; spelled here so
+#: the benchmark's own process need not import that module).
+PURE_PYTHON_ENV = "PIDGATE_PURE_PYTHON"
+#: The compiled twin of the per-request primitives, as it appears in /proc/<pid>/maps.
+SPEEDUPS_MODULE = "pidgate/protocol/_speedups."
+#: ``python -c`` start of ``pidgate serve`` on the pure path. ``pidgate.protocol.native`` reads
+#: the variable once, at import; it is then taken out of the environment again because
+#: ``pidgate serve`` stops at start-up on a ``PIDGATE_*`` variable that is not one of its
+#: settings (config/loader.py), and PIDGATE_PURE_PYTHON is not (found 2026-11-26).
+PURE_LAUNCHER = f"""
+import os
+os.environ[{PURE_PYTHON_ENV!r}] = "1"
+import pidgate.protocol.native
+del os.environ[{PURE_PYTHON_ENV!r}]
+from pidgate.cli import console_main
+console_main()
+"""
+
 #: The benchmark scripts' folder: ``forwarder.py`` and ``minimal_gate.py`` are run from it.
 SCRIPTS = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -128,7 +146,13 @@ class Served:
 
 
 class Pidgate(Served):
-    """``pidgate serve`` in its own process (its own GIL, like tansu proxy is its own process)."""
+    """``pidgate serve`` in its own process (its own GIL, like tansu proxy is its own process).
+
+    ``path``: ``"compiled"`` starts it without ``PIDGATE_PURE_PYTHON`` (so it takes the compiled
+    primitives where they are built), ``"pure"`` with that switch set while
+    ``pidgate.protocol.native`` is imported (``PURE_LAUNCHER``), ``None`` with the environment
+    as it is (a baseline tree may predate the switch). Which path the process
+    really runs is read from its memory map (``data_path``), not trusted from the variable."""
 
     def __init__(
         self,
@@ -137,6 +161,7 @@ class Pidgate(Served):
         src: str | None = None,
         name: str = "pidgate",
         rate: int = 1000,
+        path: str | None = None,
     ) -> None:
         self.port = free_port()
         self.broker_port = free_port()
@@ -144,10 +169,14 @@ class Pidgate(Served):
         env = dict(os.environ)
         if src is not None:  # another source tree of pidgate (e.g. a baseline to compare with)
             env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        if path in ("compiled", "pure"):
+            env.pop(PURE_PYTHON_ENV, None)
+        elif path is not None:
+            raise ValueError(f"path must be 'compiled', 'pure' or None, not {path!r}")
+        start = ["-c", PURE_LAUNCHER] if path == "pure" else ["-m", "pidgate"]
         command = [
             sys.executable,
-            "-m",
-            "pidgate",
+            *start,
             "serve",
             "--upstream",
             upstream,
@@ -167,6 +196,29 @@ class Pidgate(Served):
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def data_path(self) -> tuple[str, str | None]:
+        """(``"compiled"``, the shared object's file) when the running process has
+        ``pidgate.protocol._speedups`` mapped, else (``"pure"``, None). ``pidgate serve``
+        imports ``pidgate.protocol.native``, which loads the module or not, before it listens,
+        and logs nothing about it: the map is the process's own word."""
+        for line in Path(f"/proc/{self.process.pid}/maps").read_text().splitlines():
+            if SPEEDUPS_MODULE in line:
+                return "compiled", line.split(maxsplit=5)[-1]
+        return "pure", None
+
+    def check_data_path(self, expected: str) -> str:
+        """A one-line description of the path this process runs; raises when it is not
+        ``expected`` (a "compiled" target whose module is not built would be pure)."""
+        path, shared_object = self.data_path()
+        if path != expected:
+            self.stop()
+            raise RuntimeError(
+                f"pidgate pid {self.process.pid} runs the {path} path, not the {expected} one "
+                "(the compiled module pidgate/protocol/_speedups*.so is not built in the tree "
+                "on PYTHONPATH? build it, or pass --paths pure)"
+            )
+        return f"{path} ({shared_object or 'no _speedups module mapped'})"
 
     def produce_requests(self) -> tuple[int, int]:
         """(Produce requests, Produce request bytes) from pidgate's /metrics."""
