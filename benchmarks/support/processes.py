@@ -27,19 +27,6 @@ from pidgate.demo.broker import TANSU_NODE_ID, broker_binary, free_port
 PURE_PYTHON_ENV = "PIDGATE_PURE_PYTHON"
 #: The compiled twin of the per-request primitives, as it appears in /proc/<pid>/maps.
 SPEEDUPS_MODULE = "pidgate/protocol/_speedups."
-#: ``python -c`` start of ``pidgate serve`` on the pure path. ``pidgate.protocol.native`` reads
-#: the variable once, at import; it is then taken out of the environment again because
-#: ``pidgate serve`` stops at start-up on a ``PIDGATE_*`` variable that is not one of its
-#: settings (config/loader.py), and PIDGATE_PURE_PYTHON is not (found 2026-11-26).
-PURE_LAUNCHER = f"""
-import os
-os.environ[{PURE_PYTHON_ENV!r}] = "1"
-import pidgate.protocol.native
-del os.environ[{PURE_PYTHON_ENV!r}]
-from pidgate.cli import console_main
-console_main()
-"""
-
 #: The benchmark scripts' folder: ``forwarder.py`` and ``minimal_gate.py`` are run from it.
 SCRIPTS = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -149,8 +136,8 @@ class Pidgate(Served):
     """``pidgate serve`` in its own process (its own GIL, like tansu proxy is its own process).
 
     ``path``: ``"compiled"`` starts it without ``PIDGATE_PURE_PYTHON`` (so it takes the compiled
-    primitives where they are built), ``"pure"`` with that switch set while
-    ``pidgate.protocol.native`` is imported (``PURE_LAUNCHER``), ``None`` with the environment
+    primitives where they are built), ``"pure"`` with ``PIDGATE_PURE_PYTHON=1``, ``None`` with
+    the environment
     as it is (a baseline tree may predate the switch). Which path the process
     really runs is read from its memory map (``data_path``), not trusted from the variable."""
 
@@ -169,14 +156,16 @@ class Pidgate(Served):
         env = dict(os.environ)
         if src is not None:  # another source tree of pidgate (e.g. a baseline to compare with)
             env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-        if path in ("compiled", "pure"):
+        if path == "compiled":
             env.pop(PURE_PYTHON_ENV, None)
+        elif path == "pure":
+            env[PURE_PYTHON_ENV] = "1"
         elif path is not None:
             raise ValueError(f"path must be 'compiled', 'pure' or None, not {path!r}")
-        start = ["-c", PURE_LAUNCHER] if path == "pure" else ["-m", "pidgate"]
         command = [
             sys.executable,
-            *start,
+            "-m",
+            "pidgate",
             "serve",
             "--upstream",
             upstream,
