@@ -3,9 +3,10 @@
 Owns ``FrameDecoder`` (incremental, bounded: fed the bytes a plain protocol receives; the
 broker side uses it), ``FrameReader`` with ``FrameBufferBudget`` (the same cut over buffers it
 lends to ``asyncio.BufferedProtocol`` reads; the client side uses it, so big requests are read
-in place) and ``frame``. Frames are handed out *including* their 4-byte size prefix so the proxy
-can forward them untouched. Must not import: asyncio, socket, time, logging, structlog,
-prometheus_client, or any other pidgate package.
+in place), ``cut_frames`` (``FrameReader``'s cut loop: ``pure_cut_frames`` or its compiled twin
+in ``_speedups``, as ``native`` chose) and ``frame``. Frames are handed out *including* their
+4-byte size prefix so the proxy can forward them untouched. Must not import: asyncio, socket,
+time, logging, structlog, prometheus_client, or any pidgate package outside ``protocol``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Owns ``parse_produce_request`` (topics, partitions and the *header* of every record batch, read
 by :mod:`pidgate.protocol.record_batches`: records are never copied or decompressed),
-``produce_acks_and_producer_ids`` (the per-request walk) and ``encode_produce_rejection``.
+``produce_acks_and_producer_ids`` (the per-request walk: ``pure_produce_acks_and_producer_ids``
+or its compiled twin in ``_speedups``, as ``native`` chose) and ``encode_produce_rejection``.
 kafka-python is deliberately not used here (its full decode costs 12-100 µs per request; this
 walk about 2 µs); it is the reference in the parity tests. Must not import: asyncio, socket,
 time, logging, structlog, prometheus_client, or any other pidgate package.
