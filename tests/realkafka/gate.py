@@ -7,9 +7,6 @@ Owns: ``gate_settings`` and ``GateStarter``; tests reach the running proxy's sta
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import time
 from typing import Any
 
 from pidgate.config import Settings, load_settings
@@ -49,21 +46,6 @@ def gate_settings(
     return load_settings(cli_overrides=overrides)
 
 
-def _all_listening(ports: list[int], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(_listening(port) for port in ports):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-        return True
-    return False
-
-
 class GateStarter:
     """``start(kafka, **settings)`` -> a running in-process pidgate; ``stop_all()`` at the end."""
 
@@ -71,18 +53,9 @@ class GateStarter:
         self.started: list[BackgroundProxy] = []
 
     def __call__(self, kafka: KafkaRun, **kwargs: Any) -> BackgroundProxy:
-        # free_port() hands out ephemeral ports: before pidgate binds one, an outgoing
-        # connection of the Kafka processes can take it as its local port (seen once in CI:
-        # broker_listener_failed, address already in use). Such a start is made again on fresh
-        # ports, so the test meets a gateway with every listener it was given.
-        for attempt in range(3):
-            running = BackgroundProxy(gate_settings(kafka, **kwargs)).start(timeout_s=60)
-            ports = running.server.settings.proxy.broker_ports.values()
-            if _all_listening(list(ports), timeout_s=5.0) or attempt == 2:
-                self.started.append(running)
-                return running
-            running.stop()
-        raise AssertionError("unreachable")
+        running = BackgroundProxy(gate_settings(kafka, **kwargs)).start(timeout_s=60)
+        self.started.append(running)
+        return running
 
     def stop_all(self) -> None:
         for running in self.started:
