@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pidgate.proxy.ports import free_port as free_port
+
 #: Environment variables naming the distribution folders (holding bin/ and libs/).
 KAFKA3_HOME_VAR = "PIDGATE_KAFKA3_HOME"  # a ZooKeeper-capable 3.x (3.1.0 in CI)
 KAFKA4_HOME_VAR = "PIDGATE_KAFKA4_HOME"  # a KRaft 4.x (4.1.0 in CI)
@@ -63,13 +65,6 @@ def kafka_version(home: Path) -> str:
         if match:
             return match.group(1)
     raise RuntimeError(f"no kafka-clients jar in {home / 'libs'}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _listening(port: int) -> bool:

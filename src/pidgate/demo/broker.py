@@ -2,9 +2,10 @@
 loopback, for the demo and the integration tests. tansu starts in milliseconds with in-memory
 storage and node id 111; it lacks SASL, TLS and the client-quota APIs (DESIGN.md).
 
-Owns: ``EmbeddedBroker`` and ``free_port``. Only ever binds 127.0.0.1, and stops only the
-process it started, by PID. Of pidgate imports only ``pidgate.proxy.with_block``: must not
-import the proxy's rooms, the pipeline or the rest of the demo (tests use it without them).
+Owns: ``EmbeddedBroker`` (and re-exports ``free_port`` from ``pidgate.proxy.ports``). Only
+ever binds 127.0.0.1, and stops only the process it started, by PID. Of pidgate imports only
+``pidgate.proxy.with_block`` and ``pidgate.proxy.ports``: must not import the proxy's rooms,
+the pipeline or the rest of the demo (tests use it without them).
 """
 
 from __future__ import annotations
@@ -20,18 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from pidgate.proxy.ports import free_port as free_port
 from pidgate.proxy.with_block import WithBlock
 
 #: tansu's fixed node id.
 TANSU_NODE_ID = 111
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _die_with_parent() -> None:

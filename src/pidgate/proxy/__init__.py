@@ -8,7 +8,7 @@
   log, notices, the ``pidgate quotas`` client).
 - ``server``, ``runtime``, ``workers``, ``background``: the proxy assembled and run as a process,
   with ``housekeeping`` (periodic chores) and ``decision_counters`` under the server;
-  ``logs``, ``upstream_check`` and ``with_block`` sit under every room.
+  ``logs``, ``upstream_check``, ``with_block`` and ``ports`` sit under every room.
 
 Imports run down that list: serving -> operations -> quota_control -> (logs, upstream_check),
 enforced by import-linter (pyproject.toml). May import ``pidgate.protocol``, ``pidgate.quota``

@@ -43,6 +43,7 @@ from pidgate.config import Settings
 from pidgate.config.addresses import HostPort
 from pidgate.proxy.logs import configure_logging, get_logger
 from pidgate.proxy.operations.http import AdminHttpServer
+from pidgate.proxy.ports import free_port
 
 __all__ = ["run_workers", "worker_settings"]
 
@@ -86,13 +87,6 @@ def _worker_main(
     from pidgate.proxy.runtime import run_proxy
 
     sys.exit(run_proxy(settings, lambda: worker_settings(load(), index, admin_port)))
-
-
-def _free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class _Worker:
@@ -155,7 +149,7 @@ class _Supervisor:
     def __init__(self, settings: Settings, load: Callable[[], Settings]) -> None:
         self.settings = settings
         self.load = load
-        self.workers = [_Worker(i, _free_loopback_port()) for i in range(settings.proxy.workers)]
+        self.workers = [_Worker(i, free_port()) for i in range(settings.proxy.workers)]
         self.context = multiprocessing.get_context("spawn")
         self.stopping = False
         self.log = get_logger().bind(component="workers")

@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from pidgate.proxy.ports import free_port
+
 from .spark_cluster import SPARK_HOME
 from .test_cluster import DATA, SRC, analyze, analyze_here, assert_same_tables, ok
 
@@ -46,12 +48,6 @@ def _unavailable() -> str | None:
     except ImportError as error:
         return f"the Spark Connect client is not installed ({error})"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _server_env(work: Path) -> dict[str, str]:
@@ -116,7 +112,7 @@ def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(f"no Spark Connect server: {reason}")
     work = tmp_path_factory.mktemp("spark-connect")
     env = _server_env(work)
-    port = _free_port()
+    port = free_port()
     try:
         subprocess.run(
             [str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--master", "local[2]",
@@ -187,7 +183,7 @@ def test_backtest_on_spark_connect_from_spark_remote_equals_local(
 )
 def test_rdd_jobs_are_refused_up_front(job: str, flags: list[str]) -> None:
     # A port nothing listens on: the refusal comes before any connection.
-    done = analyze(job, *flags, "--remote", f"sc://127.0.0.1:{_free_port()}", timeout_s=60)
+    done = analyze(job, *flags, "--remote", f"sc://127.0.0.1:{free_port()}", timeout_s=60)
     assert done.stderr.strip() == (
         f"pidgate analyze {job}: cannot run on Spark Connect: it reads segment files with the "
         "RDD API; use --master"
@@ -196,7 +192,7 @@ def test_rdd_jobs_are_refused_up_front(job: str, flags: list[str]) -> None:
 
 
 def test_an_unreachable_server_is_one_line_within_seconds() -> None:
-    port = _free_port()
+    port = free_port()
     started = time.monotonic()
     done = analyze(
         "activity", "--events", str(DATA / "recorded_events.jsonl"), "--remote",
