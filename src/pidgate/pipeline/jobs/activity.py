@@ -35,12 +35,13 @@ from pidgate.pipeline.jobs.activity_charts import (
     window_name,
     yaml_snippet,
 )
-from pidgate.pipeline.jobs.activity_hourly import (
-    HOURLY_PARQUET,
-    bucketed_counts,
-    hourly_from_facts,
-    pid_fates,
-    top_offenders,
+from pidgate.pipeline.jobs.activity_hourly import HOURLY_PARQUET, top_offenders
+from pidgate.pipeline.jobs.activity_parts import (
+    activity_parts,
+    buckets_from_parts,
+    fates_from_parts,
+    hourly_from_parts,
+    shuffle_partitions,
 )
 from pidgate.pipeline.jobs.activity_rates import rate_rule, recommend_with_storms, storm_rule
 from pidgate.pipeline.outputs.report import Section, is_local_uri, write_report
@@ -48,7 +49,7 @@ from pidgate.pipeline.outputs.timebuckets import choose_bucket
 from pidgate.pipeline.reading.eventfacts import (
     DRIVER_BYTES,
     PID,
-    event_facts,
+    event_facts_source,
     local_bytes,
 )
 from pidgate.pipeline.reading.events import BAD
@@ -60,7 +61,7 @@ __all__ = [
     "ActivityReport",
     "PeriodTotals",
     "build_activity_report",
-    "read_facts",
+    "read_parts",
     "run_activity",
 ]
 
@@ -110,7 +111,7 @@ _SUMMED = (
 def period_totals(
     hourly_all: DataFrame, files: EventFiles, since_ms: int | None, until_ms: int | None
 ) -> PeriodTotals:
-    """:class:`PeriodTotals` of :func:`hourly_from_facts`' rows (bad lines included); raises
+    """:class:`PeriodTotals` of :func:`hourly_from_parts`' rows (bad lines included); raises
     :class:`InputError` when no good event is in the period."""
     counts = {
         bool(row[BAD]): row
@@ -164,19 +165,22 @@ class ActivityReport:
             frame.unpersist()
 
 
-def read_facts(
+def read_parts(
     spark: SparkSession,
     files: EventFiles,
     since_ms: int | None = None,
     until_ms: int | None = None,
 ) -> DataFrame:
-    """:func:`~pidgate.pipeline.reading.eventfacts.event_facts` of ``files``: local files are
-    read by the Python workers, other URIs through Spark's text reader."""
+    """The activity's parts (:mod:`~pidgate.pipeline.jobs.activity_parts`) of ``files``: local
+    files are read by the Python workers (or, when small, by the driver), other URIs through
+    Spark's text reader; the facts are shuffled once and reduced in Arrow."""
     local = all(is_local_uri(p) for p in files.paths)
     paths = [p.removeprefix("file://").removeprefix("file:") for p in files.paths]
     if local:
         paths = [str(Path(p)) for p in paths]
-    return event_facts(spark, paths, local=local, since_ms=since_ms, until_ms=until_ms)
+    source = event_facts_source(spark, paths, local=local, since_ms=since_ms, until_ms=until_ms)
+    partitions = shuffle_partitions(spark, local_bytes(paths) if local else None)
+    return activity_parts(spark, source, partitions)
 
 
 def build_activity_report(
@@ -195,17 +199,17 @@ def build_activity_report(
     event is in the log (or the period). Call :meth:`ActivityReport.release` afterwards."""
     files = event_files(events_path) if isinstance(events_path, str) else events_path
     stage(progress, f"reading the event log {files.described} ...")
-    # One pass over the JSON (module eventfacts): bad lines counted, good ones boiled down to
-    # distinct facts per principal and hour; everything below reads the cached facts.
-    facts = read_facts(spark, files, since_ms, until_ms).cache()
-    hourly_all = hourly_from_facts(facts).cache()
-    cached: list[DataFrame] = [facts, hourly_all]
+    # One pass over the JSON (module eventfacts) and one shuffle of its facts, reduced to small
+    # parts (module activity_parts); everything below reads the cached parts.
+    parts = read_parts(spark, files, since_ms, until_ms).cache()
+    hourly_all = hourly_from_parts(parts).cache()
+    cached: list[DataFrame] = [parts, hourly_all]
     try:
         totals = period_totals(hourly_all, files, since_ms, until_ms)
         stage(progress, f"{totals.events:,} events read; ranking principals ...")
         hourly_clients = hourly_all.filter(~F.col(BAD)).drop(BAD)
         hourly = hourly_clients.select(*HOURLY_PARQUET)
-        fates = pid_fates(facts)
+        fates = fates_from_parts(parts)
         offenders = (
             top_offenders(hourly, top_n)
             .join(fates, "principal", "left")
@@ -218,7 +222,7 @@ def build_activity_report(
 
         bucket_s, bucket_name = choose_bucket(totals.first_ms, totals.last_ms)
         stage(progress, f"charting new PIDs per {bucket_name} ...")
-        timeline = _timeline_section(facts, offenders_pd, totals, bucket_s, bucket_name)
+        timeline = _timeline_section(parts, offenders_pd, totals, bucket_s, bucket_name)
         storms = rates_pd[rates_pd["storm"]] if len(rates_pd) else rates_pd
         limited = since_ms is not None or until_ms is not None
         sections = [
@@ -314,7 +318,7 @@ def _offenders_section(offenders_pd: pd.DataFrame, top_n: int) -> Section:
 
 
 def _timeline_section(
-    facts: DataFrame,
+    parts: DataFrame,
     offenders_pd: pd.DataFrame,
     totals: PeriodTotals,
     bucket_s: int,
@@ -324,7 +328,7 @@ def _timeline_section(
     top5 = [str(p) for p in offenders_pd["principal"].head(5)]
     new_series: dict[str, dict[int, int]] = {p: {} for p in top5}
     rejected_series: dict[str, dict[int, int]] = {p: {} for p in top5}
-    for row in bucketed_counts(facts, bucket_s, top5).collect():
+    for row in buckets_from_parts(parts, bucket_s, top5).collect():
         series = new_series if row["kind"] == PID else rejected_series
         series[row["principal"]][int(row["bucket"])] = int(row["count"])
     start_s = totals.first_ms // 1000 // bucket_s * bucket_s
@@ -430,7 +434,8 @@ def _terminal_lines(
 
 
 def offenders_pd_all(fates: DataFrame) -> pd.DataFrame:
-    """The observe-mode counts of :func:`pid_fates` for principals with would-be rejections."""
+    """The observe-mode counts of :func:`fates_from_parts` for principals with would-be
+    rejections."""
     result: pd.DataFrame = (
         fates.filter(F.col("would_reject_pids") > 0).orderBy(F.desc("would_reject_pids")).toPandas()
     )

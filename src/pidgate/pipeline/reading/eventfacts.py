@@ -45,15 +45,20 @@ from pidgate.pipeline.reading.schemas import arrow_schema
 __all__ = [
     "CLIENT",
     "DRIVER_BYTES",
+    "FACT_KEYS",
+    "FACT_SCHEMA",
+    "MERGE_RULES",
     "PID",
     "REJECTED_REQUEST",
     "STATS",
     "WOULD_REJECT",
     "WOULD_REQUEST",
     "event_facts",
+    "event_facts_source",
     "facts_of_lines",
     "file_splits",
     "local_bytes",
+    "merge_facts",
 ]
 
 STATS, PID, REJECTED_REQUEST, WOULD_REQUEST, CLIENT = 0, 1, 2, 3, 4
@@ -79,20 +84,24 @@ _FACT_DDL = (
     "throttle_ms_max bigint, first_ms bigint, last_ms bigint"
 )
 FACT_SCHEMA = arrow_schema(_FACT_DDL)
-#: How the facts of one key from different splits become one: each value column's rule.
-_MERGED: dict[str, Callable[[str], Column]] = {
-    "is_new": F.max,
-    "is_rejected": F.max,
-    "is_would": F.max,
-    "first_new_ms": F.min,
-    "first_rejected_ms": F.min,
-    "first_would_ms": F.min,
-    "events": F.sum,
-    "init_producer_ids": F.sum,
-    "throttle_ms_max": F.max,
-    "first_ms": F.min,
-    "last_ms": F.max,
+#: What identifies a fact: the facts of one key from different splits are merged into one.
+FACT_KEYS = ("kind", "bad", "principal", "hour_s", "pid", "key")
+#: How they are merged: each value column's rule (``max``, ``min`` or ``sum``), the same in
+#: Spark (:func:`event_facts`) and in Arrow (:func:`merge_facts`).
+MERGE_RULES: dict[str, str] = {
+    "is_new": "max",
+    "is_rejected": "max",
+    "is_would": "max",
+    "first_new_ms": "min",
+    "first_rejected_ms": "min",
+    "first_would_ms": "min",
+    "events": "sum",
+    "init_producer_ids": "sum",
+    "throttle_ms_max": "max",
+    "first_ms": "min",
+    "last_ms": "max",
 }
+_SPARK_RULES: dict[str, Callable[[str], Column]] = {"max": F.max, "min": F.min, "sum": F.sum}
 _SPLIT_BYTES = 32 << 20
 #: Local logs up to this size are boiled down on the driver: no Python workers to start, which
 #: is most of the fixed cost of a small (demo-sized) log.
@@ -367,7 +376,7 @@ def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
     yield from table.to_batches(max_chunksize=1 << 16)
 
 
-def event_facts(
+def event_facts_source(
     spark: SparkSession,
     paths: Sequence[str],
     *,
@@ -375,10 +384,11 @@ def event_facts(
     since_ms: int | None = None,
     until_ms: int | None = None,
     driver_bytes: int = DRIVER_BYTES,
-) -> DataFrame:
-    """The facts of every line of ``paths`` (module doc), merged by Spark: one row per key.
-    ``local``: ``paths`` are local files every executor can open (otherwise URIs for Spark's
-    text reader); up to ``driver_bytes`` of them are read on the driver."""
+) -> pa.Table | DataFrame:
+    """The facts of every line of ``paths`` (module doc), per split and not yet merged: an Arrow
+    table when the driver read them (local files of at most ``driver_bytes``), else a DataFrame
+    the Python workers fill. ``local``: ``paths`` are local files every executor can open
+    (otherwise URIs for Spark's text reader)."""
 
     def of_splits(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -402,20 +412,43 @@ def event_facts(
             yield from _batches(facts_of_lines(_joined(pending), since_ms, until_ms))
 
     if local and local_bytes(paths) <= driver_bytes:
-        table = pa.concat_tables(
-            [facts_of_lines(read_split(*split), since_ms, until_ms) for split in file_splits(paths)]
-        )
-        # Straight from Arrow: no pandas float detour for null-holding int64 columns (PIDs).
-        raw = spark.createDataFrame(table.cast(FACT_SCHEMA).combine_chunks())
-    elif local:
+        tables = [
+            facts_of_lines(read_split(*split), since_ms, until_ms) for split in file_splits(paths)
+        ]
+        return pa.concat_tables(tables).cast(FACT_SCHEMA).combine_chunks()
+    if local:
         splits = file_splits(paths)
         source = spark.createDataFrame(splits, "path string, start bigint, length bigint")
-        source = source.repartition(max(1, len(splits)))
-        raw = source.mapInArrow(of_splits, _FACT_DDL)
-    else:
-        raw = spark.read.text(list(paths)).mapInArrow(of_lines, _FACT_DDL)
-    keys = ["kind", "bad", "principal", "hour_s", "pid", "key"]
-    return raw.groupBy(*keys).agg(*(merge(name).alias(name) for name, merge in _MERGED.items()))
+        return source.repartition(max(1, len(splits))).mapInArrow(of_splits, _FACT_DDL)
+    return spark.read.text(list(paths)).mapInArrow(of_lines, _FACT_DDL)
+
+
+def event_facts(
+    spark: SparkSession,
+    paths: Sequence[str],
+    *,
+    local: bool,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    driver_bytes: int = DRIVER_BYTES,
+) -> DataFrame:
+    """The facts of every line of ``paths`` (module doc), merged by Spark: one row per key.
+    Arguments as :func:`event_facts_source`'s. The activity job merges in Arrow instead
+    (:func:`merge_facts`, one shuffle); this is the reference its tests compare with."""
+    source = event_facts_source(
+        spark, paths, local=local, since_ms=since_ms, until_ms=until_ms, driver_bytes=driver_bytes
+    )
+    # Straight from Arrow: no pandas float detour for null-holding int64 columns (PIDs).
+    raw = spark.createDataFrame(source) if isinstance(source, pa.Table) else source
+    merged = (_SPARK_RULES[rule](name).alias(name) for name, rule in MERGE_RULES.items())
+    return raw.groupBy(*FACT_KEYS).agg(*merged)
+
+
+def merge_facts(facts: pa.Table) -> pa.Table:
+    """``facts`` (:data:`FACT_SCHEMA`) with one row per key (:data:`FACT_KEYS`), merged by
+    :data:`MERGE_RULES`: what :func:`event_facts` gives, computed in Arrow."""
+    merged = facts.group_by(list(FACT_KEYS), use_threads=False).aggregate(list(MERGE_RULES.items()))
+    return merged.rename_columns([*FACT_KEYS, *MERGE_RULES]).select(FACT_SCHEMA.names)
 
 
 def local_bytes(paths: Sequence[str]) -> int:
