@@ -1,9 +1,11 @@
-"""Build of the compiled per-request path (issue "native"); everything else is in pyproject.toml.
+"""Build of the compiled parts (issue "native"); everything else is in pyproject.toml.
 
-``pidgate.protocol._speedups`` is built from its .pyx by Cython (a build requirement, so pip
-fetches it) and the machine's C compiler. It is optional: where it cannot be compiled (no
-compiler, no Python headers) the build prints one warning and goes on, and pidgate runs its
-pure-Python path (``pidgate serve`` says so in one log line, ``pure_python_data_path``).
+``pidgate.protocol._speedups`` (the per-request path) and ``pidgate.pipeline.reading._eventscan``
+(the activity job's event-line reader) are built from their .pyx by Cython (a build requirement,
+so pip fetches it) and the machine's C compiler. Both are optional: where they cannot be
+compiled (no compiler, no Python headers) the build prints one warning and goes on, and pidgate
+runs its pure-Python path (``pidgate serve`` says so in one log line, ``pure_python_data_path``;
+the event reader falls back to pyarrow's JSON parser, same results).
 """
 
 from __future__ import annotations
@@ -47,7 +49,13 @@ except ImportError:  # a build without Cython (pip always has it: build-system.r
     extensions: list[Extension] = []
 else:
     extensions = cythonize(
-        [Extension("pidgate.protocol._speedups", ["src/pidgate/protocol/_speedups.pyx"])],
+        [
+            Extension("pidgate.protocol._speedups", ["src/pidgate/protocol/_speedups.pyx"]),
+            Extension(
+                "pidgate.pipeline.reading._eventscan",
+                ["src/pidgate/pipeline/reading/_eventscan.pyx"],
+            ),
+        ],
         compiler_directives={"language_level": "3"},
     )
 

@@ -17,8 +17,11 @@ from pidgate.pipeline.jobs.activity_parts import (
     POINTS,
     activity_parts,
     buckets_from_parts,
+    fact_homes,
     fates_from_parts,
     hourly_from_parts,
+    pack_facts,
+    packing,
     reduce_facts,
 )
 from pidgate.pipeline.outputs.timebuckets import BUCKETS, choose_bucket
@@ -50,7 +53,7 @@ def test_the_parts_give_what_the_merged_facts_give(
     paths = sorted(str(p) for p in (tmp_path / "ev").iterdir())
     kwargs = {"local": local, "driver_bytes": driver_bytes}
     facts = event_facts(spark, paths, **kwargs).cache()
-    source = event_facts_source(spark, paths, **kwargs)
+    source = event_facts_source(spark, paths, packing=packing(partitions), **kwargs)
     assert isinstance(source, pa.Table) == (driver_bytes > 0)
     parts = activity_parts(spark, source, partitions).cache()
 
@@ -110,3 +113,38 @@ def test_one_task_merges_facts_of_one_key_from_two_splits() -> None:
 
 def test_a_task_without_facts_gives_no_parts() -> None:
     assert reduce_facts(_facts([])).num_rows == 0
+
+
+def test_every_fact_of_a_key_gets_one_home_and_packing_loses_none(tmp_path: Path) -> None:
+    """Facts of one (principal, PID), and other facts of one (principal, hour), share a home
+    whatever split they come from; packed and unpacked, the facts are the same rows."""
+    write_odd_log(tmp_path / "ev")
+    data = b"".join(p.read_bytes() for p in sorted((tmp_path / "ev").glob("*.jsonl")))
+    facts = facts_of_lines(data)
+    homes = fact_homes(facts, 13)
+    assert set(homes.tolist()) == set(range(13))  # spread over every home
+    rows = facts.to_pylist()
+    home_of: dict[tuple[object, ...], int] = {}
+    for row, home in zip(rows, homes.tolist(), strict=True):
+        key = (
+            (row["principal"], row["pid"])
+            if row["kind"] == PID
+            else (row["principal"], row["hour_s"])
+        )
+        assert home_of.setdefault(key, home) == home
+    halves = [facts.slice(0, facts.num_rows // 2), facts.slice(facts.num_rows // 2)]
+    for half in halves:  # the same key in two splits: the same home
+        for row, home in zip(half.to_pylist(), fact_homes(half, 13).tolist(), strict=True):
+            key = (
+                (row["principal"], row["pid"])
+                if row["kind"] == PID
+                else (row["principal"], row["hour_s"])
+            )
+            assert home_of[key] == home
+    packed = pack_facts(13)(facts)
+    assert sorted(packed["home"].to_pylist()) == sorted(set(homes.tolist()))
+    unpacked = pa.concat_tables(
+        pa.ipc.open_stream(blob.as_buffer()).read_all() for blob in packed["facts"]
+    )
+    key = [(name, "ascending") for name in ("kind", "principal", "hour_s", "pid", "key")]
+    assert unpacked.sort_by(key).equals(facts.cast(unpacked.schema).sort_by(key))

@@ -41,6 +41,7 @@ from pidgate.pipeline.jobs.activity_parts import (
     buckets_from_parts,
     fates_from_parts,
     hourly_from_parts,
+    packing,
     shuffle_partitions,
 )
 from pidgate.pipeline.jobs.activity_rates import rate_rule, recommend_with_storms, storm_rule
@@ -178,8 +179,10 @@ def read_parts(
     paths = [p.removeprefix("file://").removeprefix("file:") for p in files.paths]
     if local:
         paths = [str(Path(p)) for p in paths]
-    source = event_facts_source(spark, paths, local=local, since_ms=since_ms, until_ms=until_ms)
     partitions = shuffle_partitions(spark, local_bytes(paths) if local else None)
+    source = event_facts_source(
+        spark, paths, local=local, since_ms=since_ms, until_ms=until_ms, packing=packing(partitions)
+    )
     return activity_parts(spark, source, partitions)
 
 

@@ -27,9 +27,10 @@ job module or pandas.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import mmh3
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 import pyarrow.compute as pc  # type: ignore[import-untyped, unused-ignore]
@@ -39,9 +40,11 @@ from pyspark.sql import functions as F
 from pidgate.pipeline.outputs.timebuckets import choose_bucket
 from pidgate.pipeline.reading.eventfacts import (
     CLIENT,
+    FACT_SCHEMA,
     PID,
     REJECTED_REQUEST,
     WOULD_REQUEST,
+    Packing,
     merge_facts,
 )
 from pidgate.pipeline.reading.schemas import arrow_schema
@@ -52,8 +55,11 @@ __all__ = [
     "POINTS",
     "activity_parts",
     "buckets_from_parts",
+    "fact_homes",
     "fates_from_parts",
     "hourly_from_parts",
+    "pack_facts",
+    "packing",
     "reduce_facts",
     "shuffle_partitions",
 ]
@@ -213,22 +219,88 @@ def shuffle_partitions(spark: SparkSession, input_bytes: int | None) -> int:
     return max(configured, math.ceil(input_bytes / _INPUT_BYTES_PER_PARTITION))
 
 
-def _reduce_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    received = list(batches)
-    if not received:
+#: Packed facts: each row holds the facts of one split bound for one home, as Arrow IPC.
+_PACKED_DDL = "home int, facts binary"
+#: Homes per reduce task: Spark hashes each home to a task, so several even the load out.
+_HOMES_PER_PARTITION = 8
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def fact_homes(facts: pa.Table, homes: int) -> np.ndarray:
+    """Each fact's home in ``[0, homes)``: the same for every fact of one (principal, PID) and
+    for every other fact of one (principal, hour), in every process (mmh3 of the principal,
+    not Python's salted ``hash``)."""
+    principal = pc.dictionary_encode(facts["principal"]).combine_chunks()
+    names = principal.dictionary.to_pylist()
+    name_hashes = np.array(
+        [mmh3.hash64(name.encode(), signed=False)[0] for name in names] or [0], np.uint64
+    )
+    indices = pc.fill_null(principal.indices, 0).to_numpy(zero_copy_only=False)
+    named = pc.is_valid(principal.indices).to_numpy(zero_copy_only=False)
+    principal_hash = np.where(named, name_hashes[indices], np.uint64(0))
+    is_pid = pc.equal(facts["kind"], PID).to_numpy(zero_copy_only=False)
+    pid = pc.fill_null(facts["pid"], 0).to_numpy(zero_copy_only=False)
+    hour_s = pc.fill_null(facts["hour_s"], 0).to_numpy(zero_copy_only=False)
+    key = np.where(is_pid, pid, hour_s).astype(np.uint64)
+    mixed = principal_hash ^ (key * _MIX)
+    mixed ^= mixed >> np.uint64(29)
+    home: np.ndarray = (mixed % np.uint64(homes)).astype(np.int32)
+    return home
+
+
+def pack_facts(homes: int) -> Callable[[pa.Table], pa.Table]:
+    """A split's facts -> ``_PACKED_DDL`` rows, one per home they go to. The facts cross into
+    the JVM as a few Arrow buffers instead of millions of rows (which took most of the job's
+    time), and Spark shuffles them by home."""
+
+    def pack(facts: pa.Table) -> pa.Table:
+        if not facts.num_rows:
+            return pa.table({"home": pa.array([], pa.int32()), "facts": pa.array([], pa.binary())})
+        home = fact_homes(facts, homes)
+        order = np.argsort(home, kind="stable")
+        ordered = facts.cast(FACT_SCHEMA).take(pa.array(order))
+        counts = np.bincount(home, minlength=homes)
+        packed_homes, blobs, start = [], [], 0
+        for target, count in enumerate(counts.tolist()):
+            if count:
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, FACT_SCHEMA) as writer:
+                    writer.write_table(ordered.slice(start, count))
+                packed_homes.append(target)
+                blobs.append(sink.getvalue().to_pybytes())
+                start += count
+        return pa.table(
+            {"home": pa.array(packed_homes, pa.int32()), "facts": pa.array(blobs, pa.binary())}
+        )
+
+    return pack
+
+
+def _reduce_packed(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    tables = [
+        pa.ipc.open_stream(blob.as_buffer()).read_all()
+        for batch in batches
+        for blob in batch.column(1)
+    ]
+    if not tables:
         return
-    yield from reduce_facts(pa.Table.from_batches(received)).to_batches(max_chunksize=1 << 16)
+    yield from reduce_facts(pa.concat_tables(tables)).to_batches(max_chunksize=1 << 16)
+
+
+def packing(partitions: int) -> Packing:
+    """What the executors do to each split's facts for :func:`activity_parts` (``partitions``
+    reduce tasks): pack them by home."""
+    return _PACKED_DDL, pack_facts(partitions * _HOMES_PER_PARTITION)
 
 
 def activity_parts(spark: SparkSession, source: pa.Table | DataFrame, partitions: int) -> DataFrame:
     """The parts (module doc) of the facts ``source``
-    (:func:`~pidgate.pipeline.reading.eventfacts.event_facts_source`): reduced here when the
-    driver read them, else shuffled into ``partitions`` tasks that reduce their share."""
+    (:func:`~pidgate.pipeline.reading.eventfacts.event_facts_source`, given
+    :func:`packing` of the same ``partitions``): reduced here when the driver read them, else
+    shuffled by home into ``partitions`` tasks that reduce their share."""
     if isinstance(source, pa.Table):
         return spark.createDataFrame(reduce_facts(source))
-    kind = F.col("kind")
-    home = F.when(kind == PID, F.hash("principal", "pid")).otherwise(F.hash("principal", "hour_s"))
-    return source.repartition(partitions, home).mapInArrow(_reduce_batches, _PARTS_DDL)
+    return source.repartition(partitions, "home").mapInArrow(_reduce_packed, _PARTS_DDL)
 
 
 def hourly_from_parts(parts: DataFrame) -> DataFrame:

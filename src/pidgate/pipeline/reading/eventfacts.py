@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -42,6 +43,21 @@ from pyspark.sql import functions as F
 
 from pidgate.pipeline.reading.schemas import arrow_schema
 
+
+def _compiled_reader() -> Any:
+    """``_eventscan`` (compiled, optional: setup.py), or None when it is not built or
+    ``PIDGATE_PURE_PYTHON`` asks for the pure path; the pyarrow reader then runs."""
+    if os.environ.get("PIDGATE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from pidgate.pipeline.reading import _eventscan  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _eventscan
+
+
+_eventscan = _compiled_reader()
+
 __all__ = [
     "CLIENT",
     "DRIVER_BYTES",
@@ -53,6 +69,7 @@ __all__ = [
     "STATS",
     "WOULD_REJECT",
     "WOULD_REQUEST",
+    "Packing",
     "event_facts",
     "event_facts_source",
     "facts_of_lines",
@@ -153,14 +170,46 @@ def _parse_slowly(lines: Sequence[bytes]) -> tuple[pa.Table, int]:
     return pa.table(rows, schema=LINE_SCHEMA), bad
 
 
+def _validity(valid: np.ndarray) -> pa.Buffer:
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def scan_lines(data: bytes) -> pa.Table | None:
+    """The compiled reader's table (:data:`LINE_SCHEMA`) of ``data``, or None when it is not
+    built, is switched off, or met a line not of the shape pidgate writes (``_eventscan``)."""
+    if _eventscan is None:
+        return None
+    scanned = _eventscan.scan_event_lines(data)
+    if scanned is None:
+        return None
+    rows, ints, int_valid, offsets, string_valid, strings = scanned
+    columns: dict[str, pa.Array] = {}
+    for i, name in enumerate(_eventscan.INT_FIELDS):
+        values = pa.py_buffer(np.ascontiguousarray(ints[i]))
+        columns[name] = pa.Array.from_buffers(pa.int64(), rows, [_validity(int_valid[i]), values])
+    for i, name in enumerate(_eventscan.STRING_FIELDS):
+        buffers = [
+            _validity(string_valid[i]),
+            pa.py_buffer(np.ascontiguousarray(offsets[i])),
+            pa.py_buffer(strings[i]),
+        ]
+        columns[name] = pa.Array.from_buffers(pa.string(), rows, buffers)
+    return pa.table([columns[name] for name in LINE_SCHEMA.names], schema=LINE_SCHEMA)
+
+
 def parse_lines(data: bytes) -> tuple[pa.Table, int]:
-    """Newline-delimited JSON -> (rows with every required field, bad lines). pyarrow parses
-    the whole buffer; only when that fails (a bad line somewhere) it is read line by line."""
-    try:
-        table = pj.read_json(pa.BufferReader(data), read_options=_READ, parse_options=_PARSE)
-        bad = 0
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        table, bad = _parse_slowly(data.split(b"\n"))
+    """Newline-delimited JSON -> (rows with every required field, bad lines). The compiled
+    reader takes lines of the shape pidgate writes; otherwise pyarrow parses the whole buffer,
+    and only when that fails (a bad line somewhere) it is read line by line."""
+    scanned = scan_lines(data)
+    if scanned is not None:
+        table, bad = scanned, 0
+    else:
+        try:
+            table = pj.read_json(pa.BufferReader(data), read_options=_READ, parse_options=_PARSE)
+            bad = 0
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            table, bad = _parse_slowly(data.split(b"\n"))
     good = pc.and_kleene(
         pc.and_kleene(pc.is_valid(table["ts_ms"]), pc.is_valid(table["event"])),
         pc.is_valid(table["principal"]),
@@ -376,6 +425,11 @@ def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
     yield from table.to_batches(max_chunksize=1 << 16)
 
 
+#: What a split's facts become on the executors before Spark takes them: ``(ddl, function)``.
+#: None: the facts themselves, as rows of :data:`FACT_SCHEMA`.
+Packing = tuple[str, Callable[[pa.Table], pa.Table]] | None
+
+
 def event_facts_source(
     spark: SparkSession,
     paths: Sequence[str],
@@ -384,20 +438,24 @@ def event_facts_source(
     since_ms: int | None = None,
     until_ms: int | None = None,
     driver_bytes: int = DRIVER_BYTES,
+    packing: Packing = None,
 ) -> pa.Table | DataFrame:
     """The facts of every line of ``paths`` (module doc), per split and not yet merged: an Arrow
     table when the driver read them (local files of at most ``driver_bytes``), else a DataFrame
-    the Python workers fill. ``local``: ``paths`` are local files every executor can open
-    (otherwise URIs for Spark's text reader)."""
+    the Python workers fill, with each split's facts passed through ``packing`` when given.
+    ``local``: ``paths`` are local files every executor can open (otherwise URIs for Spark's
+    text reader)."""
+    ddl, pack = packing if packing is not None else (_FACT_DDL, None)
+
+    def emit(facts: pa.Table) -> Iterator[pa.RecordBatch]:
+        yield from _batches(pack(facts) if pack is not None else facts)
 
     def of_splits(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for path, start, length in zip(
                 *(batch.column(i).to_pylist() for i in range(3)), strict=True
             ):
-                yield from _batches(
-                    facts_of_lines(read_split(path, start, length), since_ms, until_ms)
-                )
+                yield from emit(facts_of_lines(read_split(path, start, length), since_ms, until_ms))
 
     def of_lines(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: list[pa.Array] = []
@@ -406,10 +464,10 @@ def event_facts_source(
             pending.append(batch.column(0))
             count += batch.num_rows
             if count >= 1 << 17:
-                yield from _batches(facts_of_lines(_joined(pending), since_ms, until_ms))
+                yield from emit(facts_of_lines(_joined(pending), since_ms, until_ms))
                 pending, count = [], 0
         if pending:
-            yield from _batches(facts_of_lines(_joined(pending), since_ms, until_ms))
+            yield from emit(facts_of_lines(_joined(pending), since_ms, until_ms))
 
     if local and local_bytes(paths) <= driver_bytes:
         tables = [
@@ -419,8 +477,8 @@ def event_facts_source(
     if local:
         splits = file_splits(paths)
         source = spark.createDataFrame(splits, "path string, start bigint, length bigint")
-        return source.repartition(max(1, len(splits))).mapInArrow(of_splits, _FACT_DDL)
-    return spark.read.text(list(paths)).mapInArrow(of_lines, _FACT_DDL)
+        return source.repartition(max(1, len(splits))).mapInArrow(of_splits, ddl)
+    return spark.read.text(list(paths)).mapInArrow(of_lines, ddl)
 
 
 def event_facts(
