@@ -450,12 +450,12 @@ def event_facts_source(
     def emit(facts: pa.Table) -> Iterator[pa.RecordBatch]:
         yield from _batches(pack(facts) if pack is not None else facts)
 
+    splits = file_splits(paths) if local else []
+
     def of_splits(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for path, start, length in zip(
-                *(batch.column(i).to_pylist() for i in range(3)), strict=True
-            ):
-                yield from emit(facts_of_lines(read_split(path, start, length), since_ms, until_ms))
+            for index in batch.column(0).to_pylist():
+                yield from emit(facts_of_lines(read_split(*splits[index]), since_ms, until_ms))
 
     def of_lines(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: list[pa.Array] = []
@@ -470,14 +470,13 @@ def event_facts_source(
             yield from emit(facts_of_lines(_joined(pending), since_ms, until_ms))
 
     if local and local_bytes(paths) <= driver_bytes:
-        tables = [
-            facts_of_lines(read_split(*split), since_ms, until_ms) for split in file_splits(paths)
-        ]
+        tables = [facts_of_lines(read_split(*split), since_ms, until_ms) for split in splits]
         return pa.concat_tables(tables).cast(FACT_SCHEMA).combine_chunks()
     if local:
-        splits = file_splits(paths)
-        source = spark.createDataFrame(splits, "path string, start bigint, length bigint")
-        return source.repartition(max(1, len(splits))).mapInArrow(of_splits, ddl)
+        # A task per split, numbered by the JVM: no Python job (and no shuffle) just to hand
+        # the split list out; the tasks look their split up in the list they were sent with.
+        count = max(1, len(splits))
+        return spark.range(len(splits), numPartitions=count).mapInArrow(of_splits, ddl)
     return spark.read.text(list(paths)).mapInArrow(of_lines, ddl)
 
 
