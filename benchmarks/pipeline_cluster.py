@@ -54,6 +54,8 @@ def _run(events: Path, output: Path, master: str, *extra: str) -> tuple[float, f
     if done.returncode != 0:
         sys.exit(f"{master}: exit {done.returncode}\n{done.stderr[-3000:]}")
     stamps = [m for m in map(_STAMP.match, done.stderr.splitlines()) if m]
+    for stamp in stamps:  # where the time went: the job's own progress lines
+        print(f"  [{float(stamp.group(1)):6.1f}s] {stamp.group(2)[:100]}", flush=True)
     first = next(float(m.group(1)) for m in stamps if m.group(2).startswith("reading"))
     last = next(float(m.group(1)) for m in stamps if m.group(2) == "done")
     return wall_s, last - first

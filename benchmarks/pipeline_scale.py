@@ -8,6 +8,12 @@ was (the load average before and after: other work shares it).
 
     .venv/bin/python benchmarks/pipeline_scale.py activity --events 10000000 --dir /tmp/scale
 
+``--baseline-src DIR`` (a checkout of another tree, e.g. ``git worktree add /tmp/base main``)
+runs the same job from ``DIR/src`` and from this tree in turn, ``--rounds`` times, each in a
+fresh process (so each pays its own session start, not counted), writes each one's report to
+its own folder, checks the Parquet outputs of the two are equal, and prints the medians and
+the ratio. The last line is for scripts: ``ACTIVITY events=... this_s=... baseline_s=...``.
+
 The footprint scale run (>= 1 GB of segments) lives alongside as the ``footprint`` job.
 """
 
@@ -16,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -26,7 +34,9 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def bench_activity(events: int, workdir: Path, seed: int, master: str) -> dict[str, float]:
+def bench_activity(
+    events: int, workdir: Path, seed: int, master: str, output: Path | None = None
+) -> dict[str, float]:
     from pidgate.pipeline.jobs.activity import run_activity
     from pidgate.pipeline.jobs.generate import GeneratorConfig, generate_events
     from pidgate.pipeline.spark.session import spark_session, stop_session
@@ -54,7 +64,7 @@ def bench_activity(events: int, workdir: Path, seed: int, master: str) -> dict[s
     session_s = time.perf_counter() - start
     try:
         start = time.perf_counter()
-        report = run_activity(spark, str(log_dir), str(workdir / "activity-report"))
+        report = run_activity(spark, str(log_dir), str(output or workdir / "activity-report"))
         job_s = time.perf_counter() - start
     finally:
         stop_session()
@@ -78,6 +88,51 @@ def bench_activity(events: int, workdir: Path, seed: int, master: str) -> dict[s
     return result
 
 
+def _one_run(src: Path, args: argparse.Namespace, output: Path) -> float:
+    """The job's seconds in a fresh process importing pidgate from ``src``."""
+    done = subprocess.run(
+        [sys.executable, __file__, "activity", "--events", str(args.events), "--dir",
+         str(args.dir), "--seed", str(args.seed), "--master", args.master,
+         "--output", str(output), "--json"],
+        env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["activity_s"]
+
+
+def _same_outputs(one: Path, other: Path) -> None:
+    import pandas as pd  # type: ignore[import-untyped, unused-ignore]
+
+    for name in ("hourly", "top_offenders", "recommendations"):
+        a, b = (pd.read_parquet(d / f"{name}.parquet") for d in (one, other))
+        keys = list(a.columns[:2])
+        pd.testing.assert_frame_equal(
+            a.sort_values(keys).reset_index(drop=True), b.sort_values(keys).reset_index(drop=True)
+        )
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    here = Path(__file__).resolve().parents[1] / "src"
+    base = Path(args.baseline_src).resolve() / "src"
+    times: dict[str, list[float]] = {"this": [], "baseline": []}
+    for round_index in range(args.rounds):
+        order = [("baseline", base), ("this", here)]
+        for name, src in order if round_index % 2 == 0 else reversed(order):
+            seconds = _one_run(src, args, args.dir / f"report-{name}")
+            times[name].append(seconds)
+            print(
+                f"round {round_index + 1}: {name} {seconds:.1f} s (load {os.getloadavg()[0]:.1f})"
+            )
+    _same_outputs(args.dir / "report-this", args.dir / "report-baseline")
+    this_s, base_s = (statistics.median(times[n]) for n in ("this", "baseline"))
+    print(
+        f"activity over {args.events:,} events on {args.master}: this tree {this_s:.1f} s "
+        f"({args.events / this_s:,.0f} events/s), baseline {base_s:.1f} s; "
+        f"baseline/this {base_s / this_s:.2f}x; Parquet outputs equal"
+    )
+    print(f"ACTIVITY events={args.events} this_s={this_s:.1f} baseline_s={base_s:.1f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     jobs = parser.add_subparsers(dest="job", required=True)
@@ -86,9 +141,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     act.add_argument("--dir", type=Path, default=Path("/tmp/pidgate-scale"))
     act.add_argument("--seed", type=int, default=1)
     act.add_argument("--master", default="local[*]")
+    act.add_argument("--baseline-src", help="another checkout to run side by side")
+    act.add_argument("--rounds", type=int, default=1)
+    act.add_argument("--output", type=Path, help="where the report goes")
+    act.add_argument("--json", action="store_true", help="print the result as JSON last")
     args = parser.parse_args(argv)
-    if args.job == "activity":
-        bench_activity(args.events, args.dir, args.seed, args.master)
+    if args.baseline_src:
+        side_by_side(args)
+    elif args.job == "activity":
+        result = bench_activity(args.events, args.dir, args.seed, args.master, args.output)
+        if args.json:
+            print(json.dumps(result))
     return 0
 
 

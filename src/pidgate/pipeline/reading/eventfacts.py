@@ -1,11 +1,15 @@
-"""The event log boiled down to *facts* in one pass: pyarrow parses each file split on the
-executors and pre-aggregates it, Spark only merges the (much smaller) result.
+"""The event log boiled down to *facts* in one pass: each file split is parsed on the
+executors and pre-aggregated there; what is left is merged by Spark (:func:`event_facts`) or,
+in the activity job, shuffled once and merged in Arrow (:func:`merge_facts`).
 
 Why: the activity job over 10M events spent its time in Spark's JSON reader and in an
-aggregation with five exact distinct counts (each one an extra copy of every row). pyarrow's
-C++ JSON reader parses a split of a file several times faster, and the distinct values each
-count needs (PIDs, request keys, client ids) are deduplicated per split before anything is
-shuffled, so exact counts stay exact and cheap.
+aggregation with five exact distinct counts (each one an extra copy of every row). The lines
+pidgate writes are read by a compiled reader (``_eventscan``, built by the normal install; 4-8x
+pyarrow's JSON parser on them); any other shape goes to pyarrow's C++ JSON reader, and a buffer
+with a bad line is read line by line, so the table is the same whichever reads it. The distinct
+values each count needs (PIDs, request keys, client ids) are deduplicated per split before
+anything is shuffled, so exact counts stay exact and cheap. ``PIDGATE_PURE_PYTHON=1`` skips
+the compiled reader.
 
 One fact row is one of (``kind``):
 
