@@ -149,3 +149,17 @@ def test_random_generated_values_are_read_exactly() -> None:
     taken = sum(_assert_same_or_declined(line.encode()) for line in lines)
     assert taken > 1000  # the shapes pidgate writes are read by the compiled reader
     assert taken < len(lines)  # and the others left to pyarrow
+
+
+def test_the_pure_path_variable_leaves_the_reading_to_pyarrow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PIDGATE_PURE_PYTHON", "1")
+    assert eventfacts._compiled_reader() is None
+    monkeypatch.setenv("PIDGATE_PURE_PYTHON", "0")
+    assert eventfacts._compiled_reader() is not None
+    monkeypatch.setattr(eventfacts, "_eventscan", None)
+    assert scan_lines(LINE.encode()) is None
+    table, bad = eventfacts.parse_lines(LINE.encode())  # pyarrow reads it instead
+    assert (table.num_rows, bad) == (1, 0)
+    assert table["principal"].to_pylist() == ["User:a"]
