@@ -20,6 +20,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -207,12 +208,17 @@ def write_report(
     names both). Without a JVM gateway (Spark Connect) only the local copy is written, and the
     message says so.
     """
-    outputs: list[str] = []
-    for name, frame in parquet.items():
-        target = join_uri(output_dir, f"{name}.parquet")
-        frame.write.mode("overwrite").parquet(target)
-        outputs.append(f"{name}.parquet")
-    document = render_html(title, sections, outputs).encode("utf-8")
+    outputs = [f"{name}.parquet" for name in parquet]
+    # The tables are small, so each write is mostly Spark's per-job latency: they run side by
+    # side (Spark takes jobs from several threads), and the report renders meanwhile.
+    with ThreadPoolExecutor(max_workers=max(1, len(parquet))) as pool:
+        writes = [
+            pool.submit(frame.write.mode("overwrite").parquet, join_uri(output_dir, file_name))
+            for frame, file_name in zip(parquet.values(), outputs, strict=True)
+        ]
+        document = render_html(title, sections, outputs).encode("utf-8")
+        for write in writes:
+            write.result()
 
     if is_local_uri(output_dir):
         local_dir = _local_path(output_dir)
