@@ -4,7 +4,10 @@ raised by a real Python worker (on the shared local session)."""
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -24,6 +27,21 @@ def test_what_is_shipped_to_executors() -> None:
     assert {"pandas", "numpy", "pyarrow", "mmh3", "bitarray", "crc32c", "pyyaml"} <= names
     assert {"pydantic", "pydantic-core", "python-dateutil", "tzdata"} <= names
     assert not names & {"pyspark", "py4j", "pidgate", "uvloop"}
+    # Only the driver draws: matplotlib and what it alone needs stay home.
+    assert not names & {"matplotlib", "pillow", "fonttools", "kiwisolver", "contourpy"}
+
+
+def test_no_module_an_executor_imports_needs_matplotlib() -> None:
+    # Executors import the job modules whose functions they run; matplotlib is not shipped.
+    modules = [
+        "pidgate.pipeline.cli",
+        *(f"pidgate.pipeline.jobs.{name}" for name in ("activity", "backtest", "footprint")),
+        "pidgate.pipeline.jobs.snapshots",
+    ]
+    code = "import sys\n" + "".join(f"import {m}\n" for m in modules)
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'PIL')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_the_archive_is_built_once_and_holds_pidgate(
@@ -40,6 +58,11 @@ def test_the_archive_is_built_once_and_holds_pidgate(
     assert "pidgate/pipeline/jobs/footprint.py" in names and "pandas/__init__.py" in names
     assert not any(n.startswith(("pyspark/", "py4j/")) for n in names)
     assert not any("/tests/" in n or n.endswith(".pyc") for n in names)
+    # pyarrow without what no executor loads, with what every import of it needs.
+    assert any(re.fullmatch(r"pyarrow/libarrow_python\.so\.\d+", n) for n in names)
+    assert not any(re.fullmatch(r"pyarrow/libarrow_python\.so(\.\d+){3}", n) for n in names)
+    assert not any(n.startswith(("pyarrow/libarrow_flight", "pyarrow/_flight")) for n in names)
+    assert not any(n.startswith(("matplotlib/", "PIL/", "fontTools/")) for n in names)
 
 
 def test_master_urls() -> None:

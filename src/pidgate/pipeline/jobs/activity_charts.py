@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from pidgate.pipeline.outputs.report import time_axis
+from pidgate.pipeline.outputs.report import new_figure, time_axis
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["PidFates", "fates_figure", "fit_labels", "timeline_figure"]
 
@@ -50,7 +51,7 @@ def fit_labels(names: list[str], width: int = 28) -> list[str]:
 def fates_figure(fates: list[PidFates]) -> Figure:
     """Horizontal stacked bars, most PIDs on top: one bar per principal whose length is its
     distinct PIDs, split by fate; the rejected requests written beside each bar."""
-    fig = Figure(figsize=(10, max(2.8, 0.4 * len(fates) + 1.8)))
+    fig = new_figure(figsize=(10, max(2.8, 0.4 * len(fates) + 1.8)))
     ax = fig.add_subplot()
     rows = list(reversed(fates))
     names = fit_labels([f.principal for f in rows])
@@ -79,6 +80,8 @@ def fates_figure(fates: list[PidFates]) -> Figure:
     ax.set_xlabel("distinct producer IDs over the period (each PID counted once)")
     ax.set_ylabel("principal")
     ax.set_title("Producer IDs per principal, by what became of them", pad=26)
+    from matplotlib.ticker import MaxNLocator
+
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if fates:
         ax.set_xlim(0, max(f.pids for f in fates) * 1.35 or 1)
@@ -98,7 +101,7 @@ def timeline_figure(
     """New PIDs (solid) and rejected Produce requests (dashed, same colour) per bucket for each
     principal of ``new_pids`` (bucket start s -> count), zeros filled in, markers on every
     point, x from ``start_s`` to ``end_s`` (UTC)."""
-    fig = Figure(figsize=(10, 4.4))
+    fig = new_figure(figsize=(10, 4.4))
     ax = fig.add_subplot()
     end_s = max(end_s, start_s + bucket_s)
     buckets = list(range(start_s, end_s, bucket_s))

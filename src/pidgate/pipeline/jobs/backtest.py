@@ -43,18 +43,17 @@ import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
-from matplotlib.figure import Figure
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType
 
 from pidgate.config import DEFAULT_USER_ENTITY, QuotaSettings, load_settings
 from pidgate.config.loader import read_config_file
-from pidgate.pipeline.outputs.report import Section, time_axis, write_report
+from pidgate.pipeline.outputs.report import Section, new_figure, time_axis, write_report
 from pidgate.pipeline.outputs.timebuckets import choose_bucket
 from pidgate.pipeline.reading.events import (
     ADMITTED_GRANDFATHERED,
@@ -68,6 +67,9 @@ from pidgate.pipeline.reading.schemas import spark_struct
 from pidgate.pipeline.spark.progress import Progress, stage
 from pidgate.quota import Admitted, QuotaManager, QuotaPolicy
 from pidgate.quota.policy_from_rates import policy_from_rates
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "DECISION_SCHEMA",
@@ -330,7 +332,7 @@ def _hourly_figure(
 ) -> Figure:
     """Replayed admitted new PIDs and rejected requests per bucket (zeros filled in, markers
     on every point), x from ``start_s`` to ``end_s``."""
-    fig = Figure(figsize=(10, 4.2))
+    fig = new_figure(figsize=(10, 4.2))
     ax = fig.add_subplot()
     end_s = max(end_s, start_s + bucket_s)
     buckets = list(range(start_s, end_s, bucket_s))

@@ -43,10 +43,9 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
-from matplotlib.figure import Figure
 from pyspark import RDD, StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
@@ -70,10 +69,13 @@ from pidgate.pipeline.jobs.footprint_scan import (
     table_rows,
 )
 from pidgate.pipeline.outputs.parquet_tables import publish, staging_dir, write_tables
-from pidgate.pipeline.outputs.report import Section, is_local_uri, write_report
+from pidgate.pipeline.outputs.report import Section, is_local_uri, new_figure, write_report
 from pidgate.pipeline.reading.inputs import InputError
 from pidgate.pipeline.reading.logdirs import discover_partitions, list_segments
 from pidgate.pipeline.reading.segments import SNAPSHOT_ENTRY_BYTES, SNAPSHOT_HEADER_BYTES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "ACTIVE_PIDS_SCHEMA",
@@ -351,7 +353,7 @@ def top_partitions(partitions: pd.DataFrame, n: int = 20) -> pd.DataFrame:
 
 
 def _bar(labels: list[str], values: list[float], title: str, xlabel: str) -> Figure:
-    fig = Figure(figsize=(8, max(2.0, 0.3 * len(labels) + 1)))
+    fig = new_figure(figsize=(8, max(2.0, 0.3 * len(labels) + 1)))
     ax = fig.add_subplot(1, 1, 1)
     ax.barh(labels[::-1], values[::-1], color="#4a7ab5")
     ax.set_title(title)

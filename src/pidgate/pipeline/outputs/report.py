@@ -5,8 +5,11 @@ Every job ends with :func:`write_report`: the Spark DataFrames it computed go to
 filesystem URI), and a single ``<output_dir>/report.html`` holds the text, the tables and the
 plots (PNG, base64-embedded): no external assets, openable straight from disk in a browser.
 
-Figures should be built with :class:`matplotlib.figure.Figure` directly (not pyplot), which keeps
-the Agg backend and needs no global state or closing.
+Figures should be built with :func:`new_figure` (a :class:`matplotlib.figure.Figure`, not
+pyplot), which keeps the Agg backend and needs no global state or closing. matplotlib is
+imported only when a figure is made: the job modules import this one, executors import the job
+modules whose functions they run, and pidgate does not ship matplotlib to executors (only the
+driver draws; :mod:`pidgate.pipeline.spark.shipping`).
 
 Must not import a job, ``reading`` or ``spark``: ``outputs`` imports no other pipeline room.
 """
@@ -24,18 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-import matplotlib
-
-matplotlib.use("Agg")
-
 import pandas as pd  # type: ignore[import-untyped, unused-ignore]
-from matplotlib.figure import Figure
 from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Section", "is_local_uri", "join_uri", "render_html", "write_report"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["Section", "is_local_uri", "join_uri", "new_figure", "render_html", "write_report"]
 
 REPORT_FILE = "report.html"
 _HEADER = re.compile(r"<th>[^<]*</th>")
@@ -66,6 +67,17 @@ class Section:
     text: str = ""
     table: pd.DataFrame | None = None
     figure: Figure | None = None
+
+
+def new_figure(**options: Any) -> Figure:
+    """A :class:`matplotlib.figure.Figure` drawn with the Agg backend (``options``: its
+    constructor's, e.g. ``figsize``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(**options)
 
 
 def _tick_format(span_s: float) -> str:

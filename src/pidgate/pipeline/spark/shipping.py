@@ -2,8 +2,9 @@
 dependencies as installed on the driver, built once and cached.
 
 The archive holds the import packages of pidgate and of every distribution its executors
-import (pidgate's own requirements, pandas, numpy, pyarrow, matplotlib and what they
-require), never pyspark or py4j (each Spark installation brings its own).
+import (pidgate's own requirements, pandas, numpy, pyarrow and what they require), never
+pyspark or py4j (each Spark installation brings its own), matplotlib (only the driver draws)
+or the parts of pyarrow no executor loads.
 :func:`executor_archive` returns its path under ``~/.cache/pidgate/spark-env/``
 (``$XDG_CACHE_HOME`` respected), named by a digest of the Python version, the platform, every
 shipped distribution's version and pidgate's own source, so a change to any of them builds a
@@ -13,7 +14,7 @@ version on the same platform as the driver (compiled extensions inside).
 
 After building a new archive it prunes the cache (:func:`prune_cache`): older archives beyond
 the newest :data:`KEPT_ARCHIVES`, and partial builds abandoned by a killed process, so a host
-does not pile up about 120 MB per pidgate version.
+does not pile up about 80 MB per pidgate version.
 
 Must not import pyspark, a job or ``outputs``: this is plain file work, testable without a JVM.
 """
@@ -47,21 +48,30 @@ __all__ = [
 #: The directory name the archive unpacks to on every executor (``spark.archives`` ``#alias``).
 ARCHIVE_ALIAS = "pidgate-env"
 
-# What the executors import besides pidgate's own requirements: pandas UDFs and Arrow, and
-# matplotlib, which the job modules import at the top (executors unpickling a job's function
-# import its module), though only the driver draws.
-_EXECUTOR_EXTRAS = ("pandas", "numpy", "pyarrow", "matplotlib")
+# What the executors import besides pidgate's own requirements: pandas UDFs and Arrow. Not
+# matplotlib (with its fonts and Pillow, a third of the archive): only the driver draws, and
+# no module whose functions run on executors imports it (tests/pipeline/spark/test_cluster.py
+# runs every job on a worker whose Python has nothing else).
+_EXECUTOR_EXTRAS = ("pandas", "numpy", "pyarrow")
 # Never shipped: Spark's own Python side comes with the worker's Spark; uvloop is the proxy's.
 _NOT_SHIPPED = frozenset({"pyspark", "py4j", "pidgate", "uvloop"})
 # Inside shipped packages, what no import needs: tests, C headers, Cython sources, bytecode.
 _SKIPPED_DIRS = frozenset({"__pycache__", "tests", "include"})
 _SKIPPED_SUFFIXES = (".pyc", ".pyx", ".pxd", ".pxi", ".h", ".hpp", ".cc", ".cpp")
+# pyarrow's libraries that nothing an executor imports loads (checked with readelf: no other
+# library needs them): Flight (RPC) and pyarrow's own S3 client (Spark reads S3 through
+# Hadoop), its C++ test module, and the link-time copies of libarrow_python* (the loader asks
+# for the ``.so.<major>`` names only). Over 50 MB of the 150 MB pyarrow installs.
+_SKIPPED_PYARROW = re.compile(
+    r"^pyarrow/(?:_flight\.|libarrow_flight\.|libarrow_python_flight\.|libarrow_s3\."
+    r"|_pyarrow_cpp_tests\.|libarrow_python(?:_parquet_encryption)?\.so(?:\.\d+\.\d+\.\d+)?$)"
+)
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 #: Archives kept in the cache after a build: the new one and the most recent previous one. Two,
 #: not one, so two installations on one host (a rolling upgrade, a checkout beside a release)
 #: keep one archive each instead of deleting and rebuilding each other's on every run; more
-#: would keep 120 MB per version for versions that rarely come back.
+#: would keep 80 MB per version for versions that rarely come back.
 #: (A third installation on the host rebuilds its archive on its next run after a prune.)
 KEPT_ARCHIVES = 2
 # What pidgate names its archives (``pidgate-env-<tag>-<digest>.tar.gz``): the only files
@@ -115,8 +125,10 @@ def shipped_distributions() -> list[metadata.Distribution]:
 def _skipped(relative: Path) -> bool:
     if relative.parts and relative.parts[0] == "..":
         return True  # console scripts and data outside site-packages
-    return bool(_SKIPPED_DIRS.intersection(relative.parts[1:-1])) or relative.name.endswith(
-        _SKIPPED_SUFFIXES
+    return (
+        bool(_SKIPPED_DIRS.intersection(relative.parts[1:-1]))
+        or relative.name.endswith(_SKIPPED_SUFFIXES)
+        or bool(_SKIPPED_PYARROW.match(relative.as_posix()))
     )
 
 
