@@ -8,8 +8,9 @@ or the parts of pyarrow no executor loads.
 :func:`executor_archive` returns its path under ``~/.cache/pidgate/spark-env/``
 (``$XDG_CACHE_HOME`` respected), named by a digest of the Python version, the platform, every
 shipped distribution's version and pidgate's own source, so a change to any of them builds a
-new one. Spark unpacks it on each executor as ``./pidgate-env`` (``spark.archives``) and the
-executors' ``PYTHONPATH`` points there; it works when the workers run the same Python minor
+new one. The session adds it (``SparkContext.addArchive``, see
+:mod:`pidgate.pipeline.spark.session`), Spark unpacks it on each executor as ``./pidgate-env``
+and the executors' ``PYTHONPATH`` points there; it works when the workers run the same Python minor
 version on the same platform as the driver (compiled extensions inside).
 
 After building a new archive it prunes the cache (:func:`prune_cache`): older archives beyond
