@@ -15,7 +15,6 @@ quota to observe before enforcing).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -222,13 +221,11 @@ def build_activity_report(
         stage(progress, "telling restart storms from steady demand ...")
         rates = recommend_with_storms(hourly_clients, percentile, headroom, window_s)
         # Both are small and written as Parquet afterwards: cached, so the writes do not
-        # compute them again, and collected side by side (each is mostly Spark's job latency).
+        # compute them again.
         offenders, rates = offenders.cache(), rates.cache()
         cached += [offenders, rates]
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            offenders_future = pool.submit(offenders.toPandas)
-            rates_pd: pd.DataFrame = rates.toPandas()
-            offenders_pd: pd.DataFrame = offenders_future.result()
+        offenders_pd: pd.DataFrame = offenders.toPandas()
+        rates_pd: pd.DataFrame = rates.toPandas()
 
         bucket_s, bucket_name = choose_bucket(totals.first_ms, totals.last_ms)
         stage(progress, f"charting new PIDs per {bucket_name} ...")
