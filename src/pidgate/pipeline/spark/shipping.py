@@ -15,7 +15,7 @@ version on the same platform as the driver (compiled extensions inside).
 
 After building a new archive it prunes the cache (:func:`prune_cache`): older archives beyond
 the newest :data:`KEPT_ARCHIVES`, and partial builds abandoned by a killed process, so a host
-does not pile up about 80 MB per pidgate version.
+does not pile up about 75 MB per pidgate version.
 
 Must not import pyspark, a job or ``outputs``: this is plain file work, testable without a JVM.
 """
@@ -72,7 +72,7 @@ _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 #: Archives kept in the cache after a build: the new one and the most recent previous one. Two,
 #: not one, so two installations on one host (a rolling upgrade, a checkout beside a release)
 #: keep one archive each instead of deleting and rebuilding each other's on every run; more
-#: would keep 80 MB per version for versions that rarely come back.
+#: would keep 75 MB per version for versions that rarely come back.
 #: (A third installation on the host rebuilds its archive on its next run after a prune.)
 KEPT_ARCHIVES = 2
 # What pidgate names its archives (``pidgate-env-<tag>-<digest>.tar.gz``): the only files
