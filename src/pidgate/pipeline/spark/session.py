@@ -11,8 +11,9 @@ spark-submit. Settings by kind of master:
   standalone master); executors run ``python3`` (or ``PYSPARK_PYTHON`` /
   ``spark.pyspark.python`` / ``--executor-python``) with pidgate and its dependencies shipped
   as an archive (:mod:`pidgate.pipeline.spark.shipping`) unless ``ship`` is off.
-* always: no UI, Arrow transfer, UTC session time zone; then the user's ``conf``, which wins
-  over everything above.
+* always: no UI, Arrow transfer, UTC session time zone; a driver JVM pidgate starts itself
+  gets the start-up options of :mod:`pidgate.pipeline.spark.driver_jvm` (C1 only, class-data
+  sharing); then the user's ``conf``, which wins over everything above.
 
 Under spark-submit (or the pyspark shell) the launcher's choices are kept and none of the
 cluster settings are applied.
@@ -34,6 +35,12 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from pidgate.pipeline.reading.inputs import InputError
+from pidgate.pipeline.spark.driver_jvm import (
+    DEFAULT_JAVA_OPTIONS,
+    driver_java_options,
+    finish_recording,
+    start_recording,
+)
 from pidgate.pipeline.spark.masters import (
     bindable,
     check_master,
@@ -156,6 +163,14 @@ def spark_session(
         settings[_SHUFFLE_PARTITIONS] = str(_LOCAL_SHUFFLE_PARTITIONS)
     elif effective and not existed:
         settings.update(_cluster_settings(effective, options))
+    recording = None
+    if (
+        SparkContext._gateway is None
+        and not _launched()
+        and DEFAULT_JAVA_OPTIONS not in options.conf
+    ):
+        # A driver JVM pidgate starts now: cheap to warm up (driver_jvm).
+        settings[DEFAULT_JAVA_OPTIONS], recording = driver_java_options()
     settings.update(options.conf)
     builder = SparkSession.builder.appName(app_name)
     if effective:
@@ -164,6 +179,8 @@ def spark_session(
         builder = builder.config(key, value)
     archive = _shipped_archive(options) if effective and not local and not existed else None
     session = builder.getOrCreate()
+    if recording is not None:
+        start_recording(recording, SparkContext._gateway)
     if archive is not None:
         _ship_archive(session, archive)
     if not existed and effective:
@@ -202,7 +219,9 @@ def remote_session(
 
 
 def stop_session() -> None:
-    """Stop the active SparkSession, if there is one."""
+    """Stop the active SparkSession, if there is one; a JVM recording its classes
+    (:mod:`~pidgate.pipeline.spark.driver_jvm`) ends, and its archive is saved."""
     session = SparkSession.getActiveSession()
     if session is not None:
         session.stop()
+    finish_recording()
