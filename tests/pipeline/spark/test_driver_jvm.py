@@ -145,6 +145,8 @@ def test_a_jvm_that_cannot_record_is_not_asked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    # This process's own recording (the shared test session's JVM) is put back afterwards.
+    monkeypatch.setattr(driver_jvm, "_pending", None)
     _, recording = driver_java_options()
     assert recording is not None
     driver_jvm.start_recording(recording, _Gateway())
