@@ -93,6 +93,18 @@ def assert_same_tables(cluster_out: Path, local_out: Path) -> None:
         pd.testing.assert_frame_equal(got[name], frame, obj=name)
 
 
+def executor_command(cluster: StandaloneCluster) -> str:
+    """The command line of the last executor the worker started (the first line of its
+    stderr, as standalone workers write it)."""
+    logs = sorted(
+        (cluster.work_dir / "worker").glob("app-*/*/stderr"), key=lambda p: p.stat().st_mtime
+    )
+    assert logs, "the worker started no executor"
+    command = logs[-1].read_text(errors="replace").splitlines()[0]
+    assert command.startswith("Spark Executor Command:"), command
+    return command
+
+
 def ok(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
@@ -116,6 +128,8 @@ def test_activity_on_the_cluster_equals_local(
     # The progress line names the real master; the executors are the worker's bare Python.
     assert f"starting Spark ({cluster.master_url})" in stderr
     assert "executors ready on" in stderr
+    # Its executor JVM ran C1 only (jvm_options): the worker logs the command it started.
+    assert "-XX:TieredStopAtLevel=1" in executor_command(cluster)
     assert analyze_here("activity", "--events", str(events), "--output", str(tmp_path / "l")) == 0
     assert_same_tables(tmp_path / "c", tmp_path / "l")
 

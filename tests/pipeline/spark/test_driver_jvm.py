@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pidgate.pipeline.spark import driver_jvm
-from pidgate.pipeline.spark.driver_jvm import C1_ONLY, driver_java_options
+from pidgate.pipeline.spark.driver_jvm import driver_java_options
+from pidgate.pipeline.spark.jvm_options import C1_ONLY
 
 from .test_cluster import DATA, SRC
 
@@ -36,11 +37,13 @@ print(json.dumps({"arguments": arguments, "mapped": mapped}))
 """
 
 
-def _probe(cache: Path, conf: dict[str, str] | None = None) -> dict[str, list[str]]:
+def _probe(
+    cache: Path, conf: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> dict[str, list[str]]:
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(conf or {})],
         capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": str(SRC)},
+        env={**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": str(SRC), **(env or {})},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, list[str]] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -70,6 +73,22 @@ def test_the_first_run_records_the_classes_and_later_runs_map_them(tmp_path: Pat
     assert "-Dpidgate.test=1" in own["arguments"]
     assert C1_ONLY not in own["arguments"]
     assert str(files[0]) not in own["mapped"]
+
+
+def test_an_administrators_default_options_follow_pidgates(tmp_path: Path) -> None:
+    # spark-defaults.conf is where an administrator puts spark.driver.defaultJavaOptions; the
+    # launcher lets a --conf replace it, so pidgate's options go first and theirs follow (the
+    # JVM takes the last of a repeated option, so theirs win).
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        "# site defaults\n"
+        "spark.driver.defaultJavaOptions  -Dsite.proxy=on -XX:TieredStopAtLevel=4\n"
+    )
+    (tmp_path / "cache" / "pidgate" / "spark-jvm").mkdir(parents=True)
+    arguments = _probe(tmp_path / "cache", env={"SPARK_CONF_DIR": str(conf_dir)})["arguments"]
+    assert "-Dsite.proxy=on" in arguments
+    assert arguments.index(C1_ONLY) < arguments.index("-XX:TieredStopAtLevel=4")
 
 
 def test_the_cli_says_why_its_first_run_ends_later(tmp_path: Path) -> None:

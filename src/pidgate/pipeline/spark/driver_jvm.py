@@ -21,10 +21,11 @@ Measured on the 2-core VM, 1M events, start + job, alternating: 33-36 s as befor
 with either option, 18-19 s with both.
 
 Both go in ``spark.driver.defaultJavaOptions``, which Spark puts before the user's
-``spark.driver.extraJavaOptions`` (so a user's ``-Xmx`` does not turn them off); a
-``--conf spark.driver.defaultJavaOptions=...`` of the user's replaces them, as every
-``--conf`` wins. Nothing here applies to executors: a cluster's executors are long-lived JVMs
-on other hosts.
+``spark.driver.extraJavaOptions`` (so a user's ``-Xmx`` does not turn them off), and before an
+administrator's value of it in ``spark-defaults.conf`` (:mod:`~pidgate.pipeline.spark.jvm_options`);
+a ``--conf spark.driver.defaultJavaOptions=...`` of the user's replaces them, as every ``--conf``
+wins. The archive is the driver's alone: executors on other hosts cannot map it (they get C1
+only, :mod:`~pidgate.pipeline.spark.jvm_options`).
 
 Recording ends in :func:`finish_recording`, called by ``stop_session`` (and at exit): it ends
 the JVM, waits for its archive (written aside, renamed when complete) and lets the next session
@@ -46,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pidgate.pipeline.spark.jvm_options import C1_ONLY
+
 __all__ = [
-    "C1_ONLY",
-    "DEFAULT_JAVA_OPTIONS",
     "Recording",
     "archive_path",
     "cache_dir",
@@ -58,9 +59,6 @@ __all__ = [
     "start_recording",
 ]
 
-#: The Spark setting the options go in (put before ``spark.driver.extraJavaOptions``).
-DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
-C1_ONLY = "-XX:TieredStopAtLevel=1"
 # CDS reports classes it skips and archives that do not match as warnings on stderr.
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 _ARCHIVE_SUFFIX = ".jsa"

@@ -13,7 +13,9 @@ spark-submit. Settings by kind of master:
   as an archive (:mod:`pidgate.pipeline.spark.shipping`) unless ``ship`` is off.
 * always: no UI, Arrow transfer, UTC session time zone; a driver JVM pidgate starts itself
   gets the start-up options of :mod:`pidgate.pipeline.spark.driver_jvm` (C1 only, class-data
-  sharing); then the user's ``conf``, which wins over everything above.
+  sharing), and its executors on a non-local master C1 only
+  (:mod:`pidgate.pipeline.spark.jvm_options`), each before an administrator's options from
+  ``spark-defaults.conf``; then the user's ``conf``, which wins over everything above.
 
 Under spark-submit (or the pyspark shell) the launcher's choices are kept and none of the
 cluster settings are applied.
@@ -36,10 +38,16 @@ from pyspark.sql import SparkSession
 
 from pidgate.pipeline.reading.inputs import InputError
 from pidgate.pipeline.spark.driver_jvm import (
-    DEFAULT_JAVA_OPTIONS,
     driver_java_options,
     finish_recording,
     start_recording,
+)
+from pidgate.pipeline.spark.jvm_options import (
+    C1_ONLY,
+    DRIVER_DEFAULT_JAVA_OPTIONS,
+    EXECUTOR_DEFAULT_JAVA_OPTIONS,
+    before_administrators,
+    launcher_defaults,
 )
 from pidgate.pipeline.spark.masters import (
     bindable,
@@ -164,13 +172,17 @@ def spark_session(
     elif effective and not existed:
         settings.update(_cluster_settings(effective, options))
     recording = None
-    if (
-        SparkContext._gateway is None
-        and not _launched()
-        and DEFAULT_JAVA_OPTIONS not in options.conf
-    ):
-        # A driver JVM pidgate starts now: cheap to warm up (driver_jvm).
-        settings[DEFAULT_JAVA_OPTIONS], recording = driver_java_options()
+    if SparkContext._gateway is None and not _launched():
+        # A driver JVM pidgate starts now: cheap to warm up (driver_jvm); its executors on
+        # other hosts run C1 only (jvm_options). An administrator's options follow ours.
+        defaults = launcher_defaults()
+        ours: dict[str, str] = {}
+        if DRIVER_DEFAULT_JAVA_OPTIONS not in options.conf:
+            ours[DRIVER_DEFAULT_JAVA_OPTIONS], recording = driver_java_options()
+        if effective and not local and EXECUTOR_DEFAULT_JAVA_OPTIONS not in options.conf:
+            ours[EXECUTOR_DEFAULT_JAVA_OPTIONS] = C1_ONLY
+        for key, value in ours.items():
+            settings[key] = before_administrators(value, key, defaults)
     settings.update(options.conf)
     builder = SparkSession.builder.appName(app_name)
     if effective:
