@@ -7,7 +7,8 @@ starts a Master and a 2-core Worker in a network namespace (the test harness,
 ``local[2]``, then with ``--master spark://...``. Prints, for each, the wall time end to end and
 the job's own time (from the job's first stage line to "done", read from the progress lines:
 JVM start and, on the cluster, the executor check excluded), and the cluster/local ratios.
-The cluster run gets the 4 shuffle partitions ``local[2]`` has by default.
+The cluster run gets the 4 shuffle partitions ``local[2]`` has by default, and any ``--conf``
+given here.
 
     sudo .venv/bin/python benchmarks/pipeline_cluster.py --events 1000000 --dir /tmp/pgbench
 """
@@ -65,6 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "pgbench")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the cluster run, repeatable (e.g. "
+        "spark.executor.defaultJavaOptions= to give the executors C2 again)",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.pipeline.spark.spark_cluster import standalone_cluster, unavailable
@@ -81,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         remote = _run(
             events, args.dir / "out-cluster", cluster.master_url,
             "--conf", f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}",
+            *(arg for pair in args.conf for arg in ("--conf", pair)),
         )  # fmt: skip
     print(f"cluster ({cluster.master_url}, 1 worker, 2 cores, "
           f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}): "
