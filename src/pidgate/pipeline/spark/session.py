@@ -4,7 +4,8 @@
 spark-submit. Settings by kind of master:
 
 * local masters: loopback bind address (``SPARK_LOCAL_IP``), 4 shuffle partitions instead of
-  200 (DESIGN.md perf notes), and Python workers run this interpreter.
+  200 (DESIGN.md perf notes), and Python workers run this interpreter, their daemon
+  :mod:`pidgate.pipeline.spark.python_daemon` (pyspark from its package, not its zip).
 * other masters (:class:`ClusterOptions`): the master is checked first
   (:func:`pidgate.pipeline.spark.masters.check_master`); the driver advertises and binds an address
   the workers can reach (``--driver-host``, default: the local address that routes to a
@@ -67,6 +68,8 @@ __all__ = [
 ]
 
 _LOCAL_SHUFFLE_PARTITIONS = 4
+#: Local masters' Python workers import pyspark from its package, with bytecode (the module).
+_LOCAL_PYTHON_DAEMON = {"spark.python.daemon.module": "pidgate.pipeline.spark.python_daemon"}
 _SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
@@ -169,6 +172,7 @@ def spark_session(
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings[_SHUFFLE_PARTITIONS] = str(_LOCAL_SHUFFLE_PARTITIONS)
+        settings.update(_LOCAL_PYTHON_DAEMON)
     elif effective and not existed:
         settings.update(_cluster_settings(effective, options))
     recording = None
