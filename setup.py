@@ -1,11 +1,13 @@
 """Build of the compiled parts (issue "native"); everything else is in pyproject.toml.
 
-``pidgate.protocol._speedups`` (the per-request path) and ``pidgate.pipeline.reading._eventscan``
-(the activity job's event-line reader) are built from their .pyx by Cython (a build requirement,
-so pip fetches it) and the machine's C compiler. Both are optional: where they cannot be
-compiled (no compiler, no Python headers) the build prints one warning and goes on, and pidgate
-runs its pure-Python path (``pidgate serve`` says so in one log line, ``pure_python_data_path``;
-the event reader falls back to pyarrow's JSON parser, same results).
+``pidgate.protocol._speedups`` (the per-request path), ``pidgate.quota._bloomspeed`` (the
+layered Bloom filter's hash, scan and writes for a new PID) and
+``pidgate.pipeline.reading._eventscan`` (the activity job's event-line reader) are built from
+their .pyx by Cython (a build requirement, so pip fetches it) and the machine's C compiler.
+All three are optional: where they cannot be compiled (no compiler, no Python headers) the
+build prints one warning and goes on, and pidgate runs its pure-Python path (``pidgate
+serve`` says so in one log line, ``pure_python_data_path``; the Bloom filter computes in
+Python; the event reader falls back to pyarrow's JSON parser; same results).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ else:
     extensions = cythonize(
         [
             Extension("pidgate.protocol._speedups", ["src/pidgate/protocol/_speedups.pyx"]),
+            Extension("pidgate.quota._bloomspeed", ["src/pidgate/quota/_bloomspeed.pyx"]),
             Extension(
                 "pidgate.pipeline.reading._eventscan",
                 ["src/pidgate/pipeline/reading/_eventscan.pyx"],

@@ -80,6 +80,7 @@ from .bloom import (
     rate_at_capacity,
     universal_positions,
 )
+from .compiled import bloomspeed
 from .layer_plan import EARLY_ROLL_DIVISOR, LayerPlan
 
 __all__ = ["ABSENT", "STALE", "LayerState", "LayeredBloomFilter"]
@@ -189,8 +190,25 @@ class LayeredBloomFilter:
         fresh layers come first (an active PID lives there), and the scan stops at the first
         layer that is not fresh once a fresh one held the PID, or at the first older layer that
         holds it. Dead layers are ignored wherever they are, so the answer never depends on
-        when :meth:`expire` last ran. Hot for new PIDs (every layer is tested), hence inlined.
+        when :meth:`expire` last ran. Hot for new PIDs (every layer is tested): compiled where
+        ``quota._bloomspeed`` is built, except over layers restored off the ladder.
         """
+        if bloomspeed is not None and not self._restored:
+            plan = self.plan
+            found: int = bloomspeed.find(
+                self._bits,
+                self._meta,
+                self._first,
+                positions,
+                now_ms,
+                plan.window_ms,
+                plan.fresh_divisor,
+            )
+            return found
+        return self.find_pure(producer_id, positions, now_ms)
+
+    def find_pure(self, producer_id: int, positions: tuple[int, ...], now_ms: int) -> int:
+        """:meth:`find` in pure Python, whichever path runs (the compiled one's reference)."""
         meta = self._meta
         bits = self._bits
         plan = self.plan
@@ -333,8 +351,11 @@ class LayeredBloomFilter:
         m = meta[base + _BITS]
         offset = len(self._bits) - m
         bits = self._bits
-        for i in range(meta[base + _HASHES]):
-            bits[offset + positions[i] % m] = 1
+        if bloomspeed is not None:
+            bloomspeed.set_positions(bits, offset, m, meta[base + _HASHES], positions)
+        else:
+            for i in range(meta[base + _HASHES]):
+                bits[offset + positions[i] % m] = 1
         # Counts add() calls, not distinct items: callers only add PIDs no fresh layer holds,
         # so it tracks distinct inserts closely and errs towards rolling layers early.
         meta[base + _INSERTED] += 1

@@ -1,0 +1,205 @@
+# cython: language_level=3, boundscheck=True, wraparound=False
+"""The compiled twin of the layered Bloom filter's per-PID arithmetic (issue "native").
+
+Owns three functions, each giving exactly what its pure-Python original gives (the tests feed
+both the same PIDs and layers): :func:`universal_positions` (``bloom.universal_positions``:
+Murmur3 x64-128 of the PID's 8 big-endian bytes, then the double hashing mod 105·2**32),
+:func:`find` (``LayeredBloomFilter.find`` for filters without restored off-ladder layers) and
+:func:`set_positions` (the bit writes of ``LayeredBloomFilter.add``). Why: a new PID costs one
+hash, one scan of every live layer and one write, ~18 µs of interpreted big-integer arithmetic
+and bit indexing per PID, the largest part of the new-PID path (issue #25's profile).
+
+Pure like the rest of ``pidgate.quota``: no clocks, I/O or logging. Every bit read or written
+is checked against the buffer's length first (an out-of-range index raises IndexError, as
+bitarray itself would).
+"""
+
+from cpython.array cimport array
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.stdint cimport int64_t, uint64_t
+
+#: 105·2**32 (``bloom.UNIVERSAL_MODULUS``); positions are below it, so x + y fits in 64 bits.
+cdef uint64_t _MODULUS = 105 * (<uint64_t>1 << 32)
+cdef uint64_t _C1 = 0x87C37B91114253D5ULL
+cdef uint64_t _C2 = 0x4CF5AD432745937FULL
+#: The most hashes a shape of ``bloom`` can ask for (k = ceil(-log2(rate)), rate >= 1e-15);
+#: a larger ``hash_count`` is refused rather than looped over.
+cdef int _MAX_HASHES = 64
+# Results of find() that are not a serial (layered.ABSENT, layered.STALE).
+cdef int64_t _ABSENT = -1
+cdef int64_t _STALE = -2
+
+
+cdef inline uint64_t _rotl64(uint64_t x, int r) noexcept nogil:
+    return (x << r) | (x >> (64 - r))
+
+
+cdef inline uint64_t _fmix64(uint64_t k) noexcept nogil:
+    k ^= k >> 33
+    k *= 0xFF51AFD7ED558CCDULL
+    k ^= k >> 33
+    k *= 0xC4CEB9FE1A85EC53ULL
+    k ^= k >> 33
+    return k
+
+
+cdef inline void _murmur3_pid(int64_t producer_id, uint64_t* h1_out, uint64_t* h2_out) noexcept nogil:
+    """MurmurHash3_x64_128, seed 0, of the PID's 8-byte big-endian two's-complement form (the
+    key ``bloom_positions`` hashes). An 8-byte key has no 16-byte block: only the tail step
+    (its bytes read little-endian into k1) and the finalization run."""
+    cdef uint64_t v = <uint64_t>producer_id
+    cdef uint64_t k1 = 0
+    cdef int i
+    # The big-endian bytes read little-endian: byte-reversed.
+    for i in range(8):
+        k1 = (k1 << 8) | ((v >> (8 * i)) & 0xFF)
+    cdef uint64_t h1 = 0
+    cdef uint64_t h2 = 0
+    k1 *= _C1
+    k1 = _rotl64(k1, 31)
+    k1 *= _C2
+    h1 ^= k1
+    h1 ^= 8
+    h2 ^= 8
+    h1 += h2
+    h2 += h1
+    h1 = _fmix64(h1)
+    h2 = _fmix64(h2)
+    h1 += h2
+    h2 += h1
+    h1_out[0] = h1
+    h2_out[0] = h2
+
+
+def murmur3_pid(producer_id: int) -> tuple[int, int]:
+    """``mmh3.mmh3_x64_128_utupledigest(producer_id.to_bytes(8, "big", signed=True), 0)``."""
+    cdef uint64_t h1, h2
+    _murmur3_pid(producer_id, &h1, &h2)
+    return h1, h2
+
+
+def universal_positions(producer_id: int, int hash_count) -> tuple:
+    """``bloom.universal_positions``: the first ``hash_count`` positions of the PID mod
+    105·2**32."""
+    if hash_count < 1 or hash_count > _MAX_HASHES:
+        raise ValueError(f"hash_count {hash_count} is outside 1..{_MAX_HASHES}")
+    cdef uint64_t h1, h2
+    _murmur3_pid(producer_id, &h1, &h2)
+    cdef uint64_t x = h1 % _MODULUS
+    cdef uint64_t y = h2 % _MODULUS
+    cdef list out = [x]
+    cdef int i
+    for i in range(1, hash_count):
+        x = (x + y) % _MODULUS
+        y = (y + <uint64_t>i) % _MODULUS
+        out.append(x)
+    return tuple(out)
+
+
+cdef int _load_positions(tuple positions, uint64_t* out) except -1:
+    cdef Py_ssize_t count = PyTuple_GET_SIZE(positions)
+    cdef Py_ssize_t i
+    if count < 1 or count > _MAX_HASHES:
+        raise ValueError(f"{count} positions: expected 1..{_MAX_HASHES}")
+    for i in range(count):
+        out[i] = <object>PyTuple_GET_ITEM(positions, i)
+    return <int>count
+
+
+cdef inline bint _bit(const unsigned char* data, uint64_t nbits, uint64_t index) except -1:
+    if index >= nbits:
+        raise IndexError("bitarray index out of range")
+    return (data[index >> 3] >> (7 - (index & 7))) & 1
+
+
+def find(
+    bits,
+    array meta,
+    int64_t first_serial,
+    tuple positions,
+    int64_t now_ms,
+    int64_t window_ms,
+    int64_t fresh_divisor,
+) -> int:
+    """``LayeredBloomFilter.find`` over ``bits`` (every layer's bits end to end, big-endian
+    bitarray) and ``meta`` (``array('q')``, six integers per layer, oldest first; the row
+    fields as in ``layered``: start 0, last 1, bits 4, hashes 5), for a filter holding no
+    restored off-ladder layer (the caller runs the pure scan for those)."""
+    cdef uint64_t pos[64]
+    cdef int all_hashes = _load_positions(positions, pos)
+    cdef Py_ssize_t rows = len(meta)
+    if rows % 6:
+        raise ValueError(f"meta holds {rows} integers, not whole rows of 6")
+    cdef long long* row = meta.data.as_longlongs
+    cdef Py_buffer view
+    PyObject_GetBuffer(bits, &view, PyBUF_SIMPLE)
+    cdef const unsigned char* data = <const unsigned char*>view.buf
+    cdef uint64_t nbits = <uint64_t>len(bits)
+    # Fresh while (now - start) * divisor < window, i.e. start > fresh_after (as layered.find).
+    cdef int64_t fresh_after = now_ms + (-window_ms // fresh_divisor)
+    cdef int64_t dead_before = now_ms - window_ms
+    cdef uint64_t offset = nbits
+    cdef int64_t found = _ABSENT
+    cdef bint fresh = True
+    cdef Py_ssize_t base = rows - 6
+    cdef uint64_t m
+    cdef int k, i
+    cdef bint held
+    try:
+        while base >= 0:
+            m = <uint64_t>row[base + 4]
+            if m == 0:  # a dropped layer's row
+                base -= 6
+                continue
+            if m > offset:
+                raise ValueError("meta's layer sizes exceed the bits held")
+            offset -= m
+            if fresh and row[base] <= fresh_after:
+                # Layers start in time order: this one and all older ones are not fresh.
+                if found != _ABSENT:
+                    return found
+                fresh = False
+            # A fresh layer is never dead (its last write >= its start > now - window).
+            if fresh or row[base + 1] > dead_before:
+                k = <int>row[base + 5]
+                if k < 1 or k > all_hashes:
+                    raise ValueError(f"layer of {k} hashes, {all_hashes} positions given")
+                held = True
+                for i in range(k):
+                    if not _bit(data, nbits, offset + pos[i] % m):
+                        held = False
+                        break
+                if held:
+                    if not fresh:
+                        return _STALE
+                    found = first_serial + base // 6
+            base -= 6
+        return found
+    finally:
+        PyBuffer_Release(&view)
+
+
+def set_positions(bits, uint64_t offset, uint64_t bit_count, int hash_count, tuple positions):
+    """Set the first ``hash_count`` of ``positions`` (reduced mod ``bit_count``) in the layer
+    whose bits start at ``offset`` of ``bits``: the writes of ``LayeredBloomFilter.add``."""
+    cdef uint64_t pos[64]
+    cdef int count = _load_positions(positions, pos)
+    if hash_count < 1 or hash_count > count:
+        raise ValueError(f"{hash_count} hashes asked of {count} positions")
+    if bit_count == 0:
+        raise ValueError("a layer of 0 bits")
+    cdef Py_buffer view
+    PyObject_GetBuffer(bits, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+    cdef unsigned char* data = <unsigned char*>view.buf
+    cdef uint64_t nbits = <uint64_t>len(bits)
+    cdef uint64_t index
+    cdef int i
+    try:
+        if offset + bit_count > nbits:
+            raise IndexError("bitarray index out of range")
+        for i in range(hash_count):
+            index = offset + pos[i] % bit_count
+            data[index >> 3] |= <unsigned char>(0x80 >> (index & 7))
+    finally:
+        PyBuffer_Release(&view)

@@ -1,0 +1,286 @@
+"""The compiled Bloom arithmetic (``pidgate.quota._bloomspeed``, issue "native"): built by the
+normal install, chosen unless ``PIDGATE_PURE_PYTHON`` says otherwise, and indistinguishable from
+the pure functions it replaces.
+
+The compiled module is imported directly, so the comparisons run on the pure path too: the
+hash against ``mmh3`` itself, the positions against ``pure_universal_positions``, the layer scan
+against ``LayeredBloomFilter.find_pure`` over filters grown with random timings, and the bit
+writes against bitarray's own indexing. Inputs a caller could get wrong (a PID outside 64 bits,
+too many hashes, rows that do not fit the bits) raise instead of reading out of bounds.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import mmh3
+import pytest
+from bitarray import bitarray
+from bitarray.util import urandom, zeros
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pidgate
+from pidgate.quota import bloom, compiled, layered
+from pidgate.quota.bloom import UNIVERSAL_MODULUS, pure_universal_positions
+from pidgate.quota.layer_plan import LayerPlan
+from pidgate.quota.layered import LayeredBloomFilter
+
+FIX = (
+    "reinstall pidgate where gcc and the Python headers are (Debian: apt-get install gcc "
+    "python3-dev; then pip install --force-reinstall --no-deps .)"
+)
+
+
+def _import_compiled() -> tuple[ModuleType | None, str]:
+    try:
+        return importlib.import_module("pidgate.quota._bloomspeed"), ""
+    except ImportError as error:
+        return None, f"pidgate.quota._bloomspeed does not import ({error}): {FIX}"
+
+
+COMPILED, NOT_BUILT = _import_compiled()
+needs_compiled = pytest.mark.skipif(
+    COMPILED is None, reason=f"{NOT_BUILT} (test_the_compiled_module_is_built fails)"
+)
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def _choice(env_value: str | None) -> dict[str, object]:
+    """What a fresh interpreter importing pidgate.quota chose."""
+    env = dict(os.environ)
+    env.pop("PIDGATE_PURE_PYTHON", None)
+    if env_value is not None:
+        env["PIDGATE_PURE_PYTHON"] = env_value
+    env["PYTHONPATH"] = str(Path(pidgate.__file__).resolve().parents[1])
+    code = """if True:
+        import json
+        from pidgate.quota import bloom, compiled
+        module = compiled.bloomspeed
+        print(json.dumps({
+            "module": None if module is None else module.__name__,
+            "positions_pure": bloom.universal_positions is bloom.pure_universal_positions,
+        }))
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_the_compiled_module_is_built_and_chosen() -> None:
+    assert COMPILED is not None, NOT_BUILT
+    assert _choice(None) == {"module": "pidgate.quota._bloomspeed", "positions_pure": False}
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_pidgate_pure_python_forces_the_pure_bloom_path(value: str) -> None:
+    assert _choice(value) == {"module": None, "positions_pure": True}
+
+
+def test_this_process_uses_the_chosen_path() -> None:
+    forced = os.environ.get("PIDGATE_PURE_PYTHON", "") not in ("", "0")
+    if forced or COMPILED is None:
+        assert compiled.bloomspeed is None
+        assert bloom.universal_positions is pure_universal_positions
+    else:
+        assert compiled.bloomspeed is COMPILED
+        assert bloom.universal_positions is COMPILED.universal_positions
+
+
+# --- the hash and the positions ---------------------------------------------------------------
+
+
+@needs_compiled
+@given(pid=INT64)
+def test_the_hash_is_mmh3s(pid: int) -> None:
+    assert COMPILED is not None
+    key = pid.to_bytes(8, "big", signed=True)
+    assert COMPILED.murmur3_pid(pid) == mmh3.mmh3_x64_128_utupledigest(key, 0)
+
+
+@needs_compiled
+@pytest.mark.parametrize("pid", [0, 1, -1, 2**63 - 1, -(2**63), 4242, 10**12])
+@pytest.mark.parametrize("hash_count", [1, 2, 7, 14, 30, 64])
+def test_positions_at_the_edges_equal_the_pure_ones(pid: int, hash_count: int) -> None:
+    assert COMPILED is not None
+    got = COMPILED.universal_positions(pid, hash_count)
+    assert got == pure_universal_positions(pid, hash_count)
+    assert all(0 <= p < UNIVERSAL_MODULUS for p in got)
+
+
+@needs_compiled
+@given(pid=INT64, hash_count=st.integers(1, 64))
+def test_positions_equal_the_pure_ones(pid: int, hash_count: int) -> None:
+    assert COMPILED is not None
+    assert COMPILED.universal_positions(pid, hash_count) == pure_universal_positions(
+        pid, hash_count
+    )
+
+
+@needs_compiled
+@pytest.mark.parametrize("pid", [2**63, -(2**63) - 1, 2**100])
+def test_a_pid_outside_64_bits_is_refused_as_the_pure_path_refuses_it(pid: int) -> None:
+    assert COMPILED is not None
+    with pytest.raises(OverflowError):
+        pure_universal_positions(pid, 3)
+    with pytest.raises(OverflowError):
+        COMPILED.universal_positions(pid, 3)
+
+
+@needs_compiled
+@pytest.mark.parametrize("hash_count", [0, -1, 65])
+def test_a_hash_count_outside_1_to_64_is_refused(hash_count: int) -> None:
+    assert COMPILED is not None
+    with pytest.raises(ValueError, match="hash_count"):
+        COMPILED.universal_positions(7, hash_count)
+
+
+# --- the scan of the layers ------------------------------------------------------------------
+
+PLAN = LayerPlan(window_ms=60_000, window_num=6, false_positive_rate=0.01)
+#: Small layers with many false positives (the scan's "held" branches), and N = 1 (a layer is
+#: fresh the whole window: fresh_divisor 1).
+PLANS = [PLAN, LayerPlan(window_ms=60_000, window_num=1, false_positive_rate=0.2)]
+
+
+def _grown_filter(
+    steps: list[tuple[int, int]], plan: LayerPlan = PLAN
+) -> tuple[LayeredBloomFilter, int]:
+    """A filter fed ``(pid, time step)`` sightings as the manager would (find, then touch or
+    add), with expiry run as it goes; returns it and the last time."""
+    seen = LayeredBloomFilter(plan)
+    now_ms = 1_000_000
+    for pid, step_ms in steps:
+        now_ms += step_ms
+        if now_ms >= seen.next_check_ms:
+            seen.expire(now_ms)
+        positions = seen.positions(pid)
+        where = seen.find_pure(pid, positions, now_ms)
+        if where >= 0:
+            seen.touch(where, now_ms)
+        else:
+            seen.add(positions, now_ms)
+    return seen, now_ms
+
+
+SIGHTINGS = st.lists(
+    st.tuples(st.integers(0, 400), st.sampled_from([0, 1, 50, 2_000, 9_000, 31_000, 70_000])),
+    min_size=1,
+    max_size=300,
+)
+
+
+@needs_compiled
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=SIGHTINGS,
+    probes=st.lists(st.integers(-5, 500), max_size=40),
+    later_ms=st.sampled_from([0, 1, 10_000, 30_000, 59_999, 90_000, 200_000]),
+    plan=st.sampled_from(PLANS),
+)
+def test_the_scan_finds_what_the_pure_scan_finds(
+    steps: list[tuple[int, int]], probes: list[int], later_ms: int, plan: LayerPlan
+) -> None:
+    assert COMPILED is not None
+    seen, now_ms = _grown_filter(steps, plan)
+    for pid in [p for p, _ in steps] + probes:
+        positions = seen.positions(pid)
+        for at_ms in (now_ms, now_ms + later_ms):
+            got = COMPILED.find(
+                seen._bits,
+                seen._meta,
+                seen._first,
+                positions,
+                at_ms,
+                plan.window_ms,
+                plan.fresh_divisor,
+            )
+            assert got == seen.find_pure(pid, positions, at_ms)
+            assert seen.find(pid, positions, at_ms) == got
+
+
+@needs_compiled
+def test_the_scan_of_a_filter_with_no_layers_is_absent() -> None:
+    assert COMPILED is not None
+    seen = LayeredBloomFilter(PLAN)
+    got = COMPILED.find(seen._bits, seen._meta, 0, seen.positions(5), 10, 60_000, 2)
+    assert got == layered.ABSENT
+
+
+@needs_compiled
+def test_rows_that_do_not_fit_the_bits_are_refused_not_read() -> None:
+    assert COMPILED is not None
+    seen, now_ms = _grown_filter([(1, 0), (2, 1)])
+    positions = seen.positions(1)
+    meta = seen._meta[:]
+    meta[4] = len(seen._bits) * 4  # a layer bigger than every bit held
+    with pytest.raises(ValueError, match="exceed"):
+        COMPILED.find(seen._bits, meta, 0, positions, now_ms, 60_000, 2)
+    with pytest.raises(ValueError, match="whole rows"):
+        COMPILED.find(seen._bits, meta[:5], 0, positions, now_ms, 60_000, 2)
+    meta = seen._meta[:]
+    meta[5] = len(positions) + 1  # more hashes than positions given
+    with pytest.raises(ValueError, match="hashes"):
+        COMPILED.find(seen._bits, meta, 0, positions, now_ms, 60_000, 2)
+
+
+# --- the writes ------------------------------------------------------------------------------
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(
+    pid=INT64,
+    offset=st.integers(0, 300),
+    bit_count=st.sampled_from([1, 3, 5, 7, 8, 64, 105, 1024, 3 * 2**10]),
+    hash_count=st.integers(1, 20),
+    tail=st.integers(0, 17),
+)
+def test_the_writes_set_the_bits_the_pure_loop_sets(
+    pid: int, offset: int, bit_count: int, hash_count: int, tail: int
+) -> None:
+    assert COMPILED is not None
+    positions = pure_universal_positions(pid, 20)
+    start = urandom(offset + bit_count + tail, endian="big")
+    expected = start.copy()
+    for i in range(hash_count):
+        expected[offset + positions[i] % bit_count] = 1
+    got = start.copy()
+    COMPILED.set_positions(got, offset, bit_count, hash_count, positions)
+    assert got == expected
+
+
+@needs_compiled
+def test_writes_past_the_bits_are_refused_and_change_nothing() -> None:
+    assert COMPILED is not None
+    bits = zeros(64, endian="big")
+    positions = pure_universal_positions(9, 4)
+    with pytest.raises(IndexError):
+        COMPILED.set_positions(bits, 10, 64, 4, positions)
+    with pytest.raises(ValueError, match="hashes asked"):
+        COMPILED.set_positions(bits, 0, 64, 5, positions)
+    with pytest.raises(ValueError, match="0 bits"):
+        COMPILED.set_positions(bits, 0, 0, 1, positions)
+    assert not bits.any()
+
+
+@needs_compiled
+def test_a_bitarray_in_use_by_the_writes_is_not_left_locked() -> None:
+    """The buffer is released on every return: the filter can still grow afterwards."""
+    assert COMPILED is not None
+    bits = bitarray(64, endian="big")
+    bits.setall(0)
+    COMPILED.set_positions(bits, 0, 64, 3, pure_universal_positions(1, 3))
+    with pytest.raises(IndexError):
+        COMPILED.set_positions(bits, 60, 64, 3, pure_universal_positions(1, 3))
+    bits += zeros(64)
+    assert len(bits) == 128
