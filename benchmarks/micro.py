@@ -1,15 +1,21 @@
 """Micro-benchmarks of pidgate's per-request work, without sockets (plain timeit).
 
-    python benchmarks/micro.py [--repeat 7] [--only NAME] [--skip-memory]
+    python benchmarks/micro.py [--repeat 7] [--only NAME] [--skip-memory] [--cold MB]
 
 Each line is the median (and best) of ``--repeat`` timeit repeats, in µs per call. Bodies are
 built with kafka-python's classes (the reference encoder of the protocol tests). The machine
 is shared and noisy: compare medians of runs made side by side, never single numbers.
 
-``native`` times the two per-request primitives that have a compiled twin (issue #25,
-``pidgate.protocol.native``), the lean Produce walk and the frame cut, compiled and pure side by
+``native`` times the per-request primitives that have a compiled twin (issue #25): the lean
+Produce walk and the frame cut (``pidgate.protocol.native``), a PID's Bloom positions and the
+scan of a principal's layers for a new PID (``pidgate.quota.compiled``), compiled and pure side by
 side in this one process whatever path it runs. Every other group runs the path this process
 chose at import (printed first): ``PIDGATE_PURE_PYTHON=1`` runs them on the pure one.
+
+``--cold MB`` times each call alone after reading MB megabytes, so the CPU caches hold something
+else when it starts: a proxy serving one request at a time sleeps between requests while the
+client and the broker run, and comes back to cold caches. What the per-request path costs there
+depends on how much memory it touches, not only on how many instructions it runs.
 """
 
 # Report lines are long f-strings, and closures are timed inside the loop that binds them.
@@ -21,6 +27,7 @@ import argparse
 import gc
 import statistics
 import sys
+import time
 import timeit
 import tracemalloc
 import uuid
@@ -39,14 +46,23 @@ from pidgate.protocol.produce import (
     parse_produce_request,
     pure_produce_acks_and_producer_ids,
 )
-from pidgate.quota.bloom import BloomShape, bloom_positions
+from pidgate.quota.bloom import BloomShape, bloom_positions, pure_universal_positions
 from pidgate.quota.manager import QuotaManager, QuotaPolicy
 
 RESULTS: list[tuple[str, float, float]] = []
 
 
+#: ``--cold``: bytes read between two timed calls, so each call finds the CPU caches holding
+#: something else, as a proxy serving one request at a time between other processes does.
+COLD_BYTES = 0
+COLD_CALLS = 1000
+
+
 def bench(name: str, fn: Callable[[], object], repeat: int, target_s: float = 0.2) -> float:
-    """µs per call: median of ``repeat`` repeats, each about ``target_s`` long."""
+    """µs per call: median of ``repeat`` repeats, each about ``target_s`` long (with
+    ``--cold``: each of ``COLD_CALLS`` calls timed alone, after reading ``COLD_BYTES``)."""
+    if COLD_BYTES:
+        return _bench_cold(name, fn, repeat)
     timer = timeit.Timer(fn)
     number, _ = timer.autorange()  # calls in >= 0.2 s
     number = max(1, int(number * target_s / 0.2))
@@ -54,6 +70,24 @@ def bench(name: str, fn: Callable[[], object], repeat: int, target_s: float = 0.
     med, best = statistics.median(runs), min(runs)
     RESULTS.append((name, med, best))
     print(f"{name:58s} {med:9.2f} µs  (best {best:.2f})", flush=True)
+    return med
+
+
+def _bench_cold(name: str, fn: Callable[[], object], repeat: int) -> float:
+    junk = bytes(range(256)) * (COLD_BYTES // 256)
+    runs = []
+    for _ in range(repeat):
+        total_ns = 0
+        for _ in range(COLD_CALLS):
+            junk.count(b"\xff")  # reads every byte: evicts what the last call left in cache
+            start = time.perf_counter_ns()
+            fn()
+            total_ns += time.perf_counter_ns() - start
+        runs.append(total_ns / COLD_CALLS / 1000)
+    med, best = statistics.median(runs), min(runs)
+    label = f"{name}, cold"
+    RESULTS.append((label, med, best))
+    print(f"{label:58s} {med:9.2f} µs  (best {best:.2f})", flush=True)
     return med
 
 
@@ -245,6 +279,36 @@ def bench_native(repeat: int) -> None:
             lambda: cut(view, limit),
             lambda: pure_cut_frames(view, limit),
         )
+    # The quota's new-PID arithmetic (pidgate.quota._bloomspeed): the hash and positions of a
+    # PID, then the scan of an 11-layer filter that does not hold it.
+    try:
+        from pidgate.quota import _bloomspeed  # type: ignore[attr-defined]
+    except ImportError as error:
+        print(f"native: the compiled quota module is not built ({error})")
+        _bloomspeed = None
+    if _speedups is not None and _bloomspeed is not None:
+        both(
+            "universal_positions (k=14)",
+            lambda: _bloomspeed.universal_positions(10**12 + 7, 14),
+            lambda: pure_universal_positions(10**12 + 7, 14),
+        )
+        manager, now = _manager_with_layers(11)
+        seen = manager._principals["User:bench"].seen
+        positions = pure_universal_positions(10**12 + 7, seen._max_hashes)
+        plan = seen.plan
+        both(
+            f"layer scan, new PID ({seen.layer_count} layers)",
+            lambda: _bloomspeed.find(
+                seen._bits,
+                seen._meta,
+                seen._first,
+                positions,
+                now,
+                plan.window_ms,
+                plan.fresh_divisor,
+            ),
+            lambda: seen.find_pure(10**12 + 7, positions, now),
+        )
     for name, c, p in pairs:
         print(f"  {name:56s} pure/compiled {p / c:5.2f}x ({p - c:+.2f} µs)")
 
@@ -412,6 +476,53 @@ def bench_proxy_path(repeat: int) -> None:
             f"proxy path: Produce v{version} 1 partition, known PID, request+response", one, repeat
         )
         assert not conn.closed, "the fake connection failed"
+    _proxy_path_new_pids(repeat)
+
+
+def _proxy_path_new_pids(repeat: int) -> None:
+    """As :func:`bench_proxy_path`, every request from a PID never seen (a quota so high none
+    is rejected): the walk, the quota's miss path (hash, scan of every layer, token, write),
+    the full walk for the observers (metrics, counters), and the response."""
+    from pidgate.config import load_settings
+    from pidgate.proxy.server import ProxyServer
+    from pidgate.proxy.serving.connection import ClientConnection
+    from pidgate.proxy.serving.upstream import UpstreamConnection
+
+    settings = load_settings(
+        cli_overrides={
+            "proxy": {"upstream": ["127.0.0.1:9"], "listen": "127.0.0.1:0"},
+            "quota": {"users": {"<default>": {"producer_ids_rate": 1_000_000_000}}},
+            "admin": {"enabled": False},
+        }
+    )
+    server = ProxyServer(settings)
+    conn = ClientConnection(server.context, lambda: [("127.0.0.1", 9)])
+    client_transport = _FakeTransport()
+    conn.transport = client_transport  # type: ignore[assignment]
+    conn.principal = server.context.identity.principal_for_connection(None)
+    conn._gate.attach(client_transport)  # type: ignore[arg-type]
+    upstream = UpstreamConnection(conn)
+    upstream.transport = _FakeTransport()  # type: ignore[assignment]
+    conn._upstream = upstream
+    marker = 0x0123456789ABCDEF
+    template = request_frame(0, 9, 0, produce_body(9, 1, producer_id=marker), True)
+    pid_at = template.index(marker.to_bytes(8, "big"))
+    requests = [bytearray(template) for _ in range(64)]
+    for cid, request in enumerate(requests):
+        request[8:12] = cid.to_bytes(4, "big")  # the correlation id
+    responses = [produce_response_frame(9, cid) for cid in range(64)]
+    state = {"i": 0, "pid": 10**12}
+
+    def one() -> None:
+        i = state["i"] = (state["i"] + 1) & 63
+        request = requests[i]
+        request[pid_at : pid_at + 8] = (pid := state["pid"] + 1).to_bytes(8, "big")
+        state["pid"] = pid
+        conn.data_received(request)
+        upstream.data_received(responses[i])
+
+    bench("proxy path: Produce v9 1 partition, new PID, request+response", one, repeat)
+    assert not conn.closed, "the fake connection failed"
 
 
 def memory_1m_pids(principals: int = 10_000, pids_per_principal: int = 100) -> None:
@@ -459,7 +570,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--only", help="run only benchmarks whose group name contains this")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--cold",
+        metavar="MB",
+        type=int,
+        default=0,
+        help="read MB megabytes between two timed calls (CPU caches cold, as in a proxy that "
+        "sleeps between requests while other processes run); each call timed alone",
+    )
     args = parser.parse_args()
+    global COLD_BYTES
+    COLD_BYTES = args.cold << 20
     print(
         f"data path of this process: {native.DATA_PATH}"
         + (f" ({native.PURE_REASON})" if native.PURE_REASON else "")

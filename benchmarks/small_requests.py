@@ -87,6 +87,7 @@ PATHS = ("compiled", "pure")
 PURE = "pidgate-pure"
 #: Issue #25's bounds on pidgate CPU per request / the floor's (no bound for ``librdkafka``).
 TARGETS = {"pingpong-known": 1.3, "pipelined-known": 1.3, "pipelined-new": 1.5}
+WORKLOAD_NAMES = ("pingpong-known", "pipelined-known", "pipelined-new", "librdkafka")
 
 
 # -- raw frames -------------------------------------------------------------------------------
@@ -432,7 +433,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="per raw-frame run")
     parser.add_argument("--producers", type=int, default=16)
     parser.add_argument("--records-per-producer", type=int, default=400)
-    parser.add_argument("--only", help="run only this workload")
+    parser.add_argument(
+        "--only",
+        metavar="WORKLOAD[,WORKLOAD]",
+        help=f"run only these workloads, of: {', '.join(WORKLOAD_NAMES)}",
+    )
     parser.add_argument(
         "--minimal-gate",
         action="store_true",
@@ -474,6 +479,10 @@ def main() -> int:
 
 def run(args: argparse.Namespace) -> str:
     """Every round of every workload, printed as it goes; returns the BENCH fields."""
+    only = getattr(args, "only", None)
+    unknown = set((only or "").split(",")) - set(WORKLOAD_NAMES) - {""}
+    if unknown:  # a typo would otherwise run nothing and print an empty summary
+        raise SystemExit(f"--only {only}: no workload {', '.join(sorted(unknown))}")
     log_dir = Path(tempfile.mkdtemp(prefix="pidgate-small-"))
     forwarder_port = free_port()
     floor_broker = broker = pure_broker = forwarder = pidgate = pure = None
@@ -530,7 +539,7 @@ def run(args: argparse.Namespace) -> str:
             librdkafka_workload(args.producers, args.records_per_producer),
         ]
         if args.only:
-            workloads = [w for w in workloads if w.name == args.only]
+            workloads = [w for w in workloads if w.name in args.only.split(",")]
         print(
             f"tansu pid {broker.process.pid}; floor pid {forwarder.process.pid}; pidgate pid "
             f"{pidgate.process.pid}"

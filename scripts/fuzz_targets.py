@@ -176,12 +176,14 @@ def t_init_pid_response(data: bytes) -> None:
 _compiled: Any
 try:
     from pidgate.protocol import _speedups as _compiled  # type: ignore[attr-defined,no-redef]
+    from pidgate.quota import _bloomspeed  # type: ignore[attr-defined]  # noqa: F401
 
     COMPILED_MISSING: str | None = None
 except ImportError as _error:
     _compiled = None
     COMPILED_MISSING = (
-        f"the compiled module pidgate.protocol._speedups is not built ({_error}); reinstall "
+        f"a compiled module (pidgate.protocol._speedups, pidgate.quota._bloomspeed) is not "
+        f"built ({_error}); reinstall "
         "pidgate where gcc and the Python headers are, or run "
         "cythonize -i src/pidgate/protocol/_speedups.pyx"
     )
@@ -265,6 +267,61 @@ def t_framing_native(data: bytes) -> None:
     assert left < incomplete if incomplete else left < 4, "a whole frame or size left uncut"
 
 
+_bloom_filter: Any = None
+
+
+def _bloom_filter_and_time() -> tuple[Any, int]:
+    """A principal's filter of 12 live layers (fresh and stale, one full of PIDs 0..4999),
+    built once; and a time inside its window."""
+    global _bloom_filter
+    if _bloom_filter is None:
+        from pidgate.quota.layer_plan import LayerPlan
+        from pidgate.quota.layered import LayeredBloomFilter
+
+        seen = LayeredBloomFilter(LayerPlan(window_ms=60_000, window_num=6))
+        for pid in range(5_000):
+            now_ms = 1_000_000 + pid * 10
+            seen.add(seen.positions(pid), now_ms)
+        _bloom_filter = seen
+    return _bloom_filter, 1_000_000 + 5_000 * 10
+
+
+def t_bloom_native(data: bytes) -> None:
+    """data[0:8]: a PID (big-endian, signed; short inputs padded with zeros), data[8]: the hash
+    count (1..64), data[9:11]: how far (in 10 ms) after the filter's last write it is asked:
+    the compiled positions and layer scan (pidgate.quota._bloomspeed) against the pure ones."""
+    from pidgate.quota import _bloomspeed  # type: ignore[attr-defined]
+    from pidgate.quota.bloom import pure_universal_positions
+
+    padded = data.ljust(11, b"\0")
+    pid = int.from_bytes(padded[:8], "big", signed=True)
+    hash_count = padded[8] % 64 + 1
+    _same_on_both(
+        "universal_positions",
+        _bloomspeed.universal_positions,
+        pure_universal_positions,
+        pid,
+        hash_count,
+    )
+    seen, now_ms = _bloom_filter_and_time()
+    now_ms += int.from_bytes(padded[9:11], "big") * 10
+    positions = pure_universal_positions(pid, seen._max_hashes)
+    plan = seen.plan
+    _same_on_both(
+        "find",
+        lambda: _bloomspeed.find(
+            seen._bits,
+            seen._meta,
+            seen._first,
+            positions,
+            now_ms,
+            plan.window_ms,
+            plan.fresh_divisor,
+        ),
+        lambda: seen.find_pure(pid, positions, now_ms),
+    )
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "framing": t_framing,
     "produce": t_produce,
@@ -281,9 +338,10 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "init_pid_response": t_init_pid_response,
     "produce_native": t_produce_native,
     "framing_native": t_framing_native,
+    "bloom_native": t_bloom_native,
 }
 #: Targets that need the compiled module (skipped, with COMPILED_MISSING, when it is absent).
-NATIVE_TARGETS = ("produce_native", "framing_native")
+NATIVE_TARGETS = ("produce_native", "framing_native", "bloom_native")
 
 # --- seeds: valid messages built with kafka-python ---------------------------------------------
 
@@ -433,5 +491,9 @@ def _native_seeds(seeds: dict[str, list[bytes]]) -> None:
             bytes([kind << 6 | 8]) + framed,  # max 63
             bytes([kind << 6 | 0x3F]) + framed[:-7],  # cut inside the last frame
         ]
+    seeds["bloom_native"] += [
+        struct.pack(">qBH", pid, hashes, later)
+        for pid, hashes, later in ((0, 13, 0), (4999, 13, 1), (-1, 63, 6000), (2**62, 0, 65535))
+    ]
     for _version, body in bodies[:: len(bodies) // 4]:
         seeds["framing_native"].append(bytes([0x3F]) + struct.pack(">i", len(body)) + body)
