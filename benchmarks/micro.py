@@ -433,10 +433,10 @@ class _FakeTransport:
         return default
 
 
-def bench_proxy_path(repeat: int) -> None:
-    """One Produce request through ClientConnection (frame cut, header, walk, Gatekeeper with
-    metrics and counters observers, slot bookkeeping, forward) and its response back (frame cut,
-    correlation check, metrics, Produce endpoint check, flush), with fake transports."""
+def _proxy_with_fake_transports(producer_ids_rate: int) -> Callable[[], tuple[Any, Any]]:
+    """A connection factory on one ``ProxyServer`` with a default quota of
+    ``producer_ids_rate``: each call gives a ``ClientConnection`` (principal set) and its
+    ``UpstreamConnection``, both on fake transports."""
     from pidgate.config import load_settings
     from pidgate.proxy.server import ProxyServer
     from pidgate.proxy.serving.connection import ClientConnection
@@ -445,12 +445,13 @@ def bench_proxy_path(repeat: int) -> None:
     settings = load_settings(
         cli_overrides={
             "proxy": {"upstream": ["127.0.0.1:9"], "listen": "127.0.0.1:0"},
-            "quota": {"users": {"<default>": {"producer_ids_rate": 1000}}},
+            "quota": {"users": {"<default>": {"producer_ids_rate": producer_ids_rate}}},
             "admin": {"enabled": False},
         }
     )
     server = ProxyServer(settings)
-    for version in (9, 11):
+
+    def connect() -> tuple[Any, Any]:
         conn = ClientConnection(server.context, lambda: [("127.0.0.1", 9)])
         client_transport = _FakeTransport()
         conn.transport = client_transport  # type: ignore[assignment]
@@ -459,6 +460,18 @@ def bench_proxy_path(repeat: int) -> None:
         upstream = UpstreamConnection(conn)
         upstream.transport = _FakeTransport()  # type: ignore[assignment]
         conn._upstream = upstream
+        return conn, upstream
+
+    return connect
+
+
+def bench_proxy_path(repeat: int) -> None:
+    """One Produce request through ClientConnection (frame cut, header, walk, Gatekeeper with
+    metrics and counters observers, slot bookkeeping, forward) and its response back (frame cut,
+    correlation check, metrics, Produce endpoint check, flush), with fake transports."""
+    connect = _proxy_with_fake_transports(1000)
+    for version in (9, 11):
+        conn, upstream = connect()
         body = produce_body(version, 1, producer_id=77)
         requests = [request_frame(0, version, cid, body, version >= 9) for cid in range(64)]
         responses = [produce_response_frame(version, cid) for cid in range(64)]
@@ -483,27 +496,8 @@ def _proxy_path_new_pids(repeat: int) -> None:
     """As :func:`bench_proxy_path`, every request from a PID never seen (a quota so high none
     is rejected): the walk, the quota's miss path (hash, scan of every layer, token, write),
     the full walk for the observers (metrics, counters), and the response."""
-    from pidgate.config import load_settings
-    from pidgate.proxy.server import ProxyServer
-    from pidgate.proxy.serving.connection import ClientConnection
-    from pidgate.proxy.serving.upstream import UpstreamConnection
-
-    settings = load_settings(
-        cli_overrides={
-            "proxy": {"upstream": ["127.0.0.1:9"], "listen": "127.0.0.1:0"},
-            "quota": {"users": {"<default>": {"producer_ids_rate": 1_000_000_000}}},
-            "admin": {"enabled": False},
-        }
-    )
-    server = ProxyServer(settings)
-    conn = ClientConnection(server.context, lambda: [("127.0.0.1", 9)])
-    client_transport = _FakeTransport()
-    conn.transport = client_transport  # type: ignore[assignment]
-    conn.principal = server.context.identity.principal_for_connection(None)
-    conn._gate.attach(client_transport)  # type: ignore[arg-type]
-    upstream = UpstreamConnection(conn)
-    upstream.transport = _FakeTransport()  # type: ignore[assignment]
-    conn._upstream = upstream
+    connect = _proxy_with_fake_transports(1_000_000_000)
+    conn, upstream = connect()
     marker = 0x0123456789ABCDEF
     template = request_frame(0, 9, 0, produce_body(9, 1, producer_id=marker), True)
     pid_at = template.index(marker.to_bytes(8, "big"))

@@ -13,23 +13,15 @@ message. ``scripts/fuzz.py`` runs the same comparison (targets ``produce_native`
 
 from __future__ import annotations
 
-import importlib
-import json
-import os
 import struct
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pidgate
 from pidgate.protocol import framing, native, produce
 from pidgate.protocol._wire import write_uvarint
 from pidgate.protocol.errors import FrameTooLargeError, MalformedMessageError
@@ -42,6 +34,7 @@ from pidgate.protocol.framing import (
 )
 from pidgate.protocol.produce import parse_produce_request, pure_produce_acks_and_producer_ids
 
+from ..compiled_modules import import_compiled, needs, printed_by_fresh_interpreter
 from .kafka_builders import BatchSpec, build_records
 
 FIX = (
@@ -51,18 +44,9 @@ FIX = (
 )
 
 
-def _import_compiled() -> tuple[ModuleType | None, str]:
-    try:
-        return importlib.import_module("pidgate.protocol._speedups"), ""
-    except ImportError as error:
-        return None, f"pidgate.protocol._speedups does not import ({error}): {FIX}"
-
-
 # The compiled module whichever path runs, so the comparisons hold under PIDGATE_PURE_PYTHON=1.
-COMPILED, NOT_BUILT = _import_compiled()
-needs_compiled = pytest.mark.skipif(
-    COMPILED is None, reason=f"{NOT_BUILT} (test_the_compiled_module_is_built fails)"
-)
+COMPILED, NOT_BUILT = import_compiled("pidgate.protocol._speedups", FIX)
+needs_compiled = needs(COMPILED, NOT_BUILT, "test_the_compiled_module_is_built")
 
 
 # --- the install and the choice -------------------------------------------------------------
@@ -70,11 +54,6 @@ needs_compiled = pytest.mark.skipif(
 
 def _run_choice(env_value: str | None) -> dict[str, Any]:
     """What a fresh interpreter importing pidgate's protocol modules chose."""
-    env = dict(os.environ)
-    env.pop(native.PURE_PYTHON_ENV, None)
-    if env_value is not None:
-        env[native.PURE_PYTHON_ENV] = env_value
-    env["PYTHONPATH"] = str(Path(pidgate.__file__).resolve().parents[1])
     code = """if True:
         import json
         from pidgate.protocol import framing, native, produce
@@ -94,12 +73,7 @@ def _run_choice(env_value: str | None) -> dict[str, Any]:
                 and framing.cut_frames is compiled.cut_frames,
         }))
     """
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
+    return printed_by_fresh_interpreter(code, env_value)
 
 
 def test_the_compiled_module_is_built() -> None:

@@ -11,13 +11,7 @@ too many hashes, rows that do not fit the bits) raise instead of reading out of 
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import mmh3
 import pytest
@@ -26,39 +20,20 @@ from bitarray.util import urandom, zeros
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pidgate
 from pidgate.quota import bloom, compiled, layered
 from pidgate.quota.bloom import UNIVERSAL_MODULUS, pure_universal_positions
 from pidgate.quota.layer_plan import LayerPlan
 from pidgate.quota.layered import LayeredBloomFilter
 
-FIX = (
-    "reinstall pidgate where gcc and the Python headers are (Debian: apt-get install gcc "
-    "python3-dev; then pip install --force-reinstall --no-deps .)"
-)
+from ..compiled_modules import import_compiled, needs, printed_by_fresh_interpreter
 
-
-def _import_compiled() -> tuple[ModuleType | None, str]:
-    try:
-        return importlib.import_module("pidgate.quota._bloomspeed"), ""
-    except ImportError as error:
-        return None, f"pidgate.quota._bloomspeed does not import ({error}): {FIX}"
-
-
-COMPILED, NOT_BUILT = _import_compiled()
-needs_compiled = pytest.mark.skipif(
-    COMPILED is None, reason=f"{NOT_BUILT} (test_the_compiled_module_is_built fails)"
-)
+COMPILED, NOT_BUILT = import_compiled("pidgate.quota._bloomspeed")
+needs_compiled = needs(COMPILED, NOT_BUILT, "test_the_compiled_module_is_built_and_chosen")
 INT64 = st.integers(-(2**63), 2**63 - 1)
 
 
 def _choice(env_value: str | None) -> dict[str, object]:
     """What a fresh interpreter importing pidgate.quota chose."""
-    env = dict(os.environ)
-    env.pop("PIDGATE_PURE_PYTHON", None)
-    if env_value is not None:
-        env["PIDGATE_PURE_PYTHON"] = env_value
-    env["PYTHONPATH"] = str(Path(pidgate.__file__).resolve().parents[1])
     code = """if True:
         import json
         from pidgate.quota import bloom, compiled
@@ -68,12 +43,7 @@ def _choice(env_value: str | None) -> dict[str, object]:
             "positions_pure": bloom.universal_positions is bloom.pure_universal_positions,
         }))
     """
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, object] = json.loads(done.stdout)
-    return result
+    return printed_by_fresh_interpreter(code, env_value)
 
 
 def test_the_compiled_module_is_built_and_chosen() -> None:
