@@ -31,6 +31,7 @@ def test_a_failed_compile_installs_the_pure_path(tmp_path: Path) -> None:
             "*.so",
             "_speedups.c",
             "_eventscan.c",
+            "_bloomspeed.c",
             "__pycache__",
             "build",
         ),
@@ -65,6 +66,21 @@ def test_a_failed_compile_installs_the_pure_path(tmp_path: Path) -> None:
         timeout=60,
         check=True,
     )
+    # The quota's compiled module failed with the rest: not installed, so quota/compiled.py
+    # finds nothing to import and the Bloom filter computes in Python (test_compiled.py).
+    installed = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import pidgate, pathlib; print(pathlib.Path(pidgate.__file__).parent)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert (Path(installed) / "quota" / "bloom.py").is_file()
+    assert not list((Path(installed) / "quota").glob("_bloomspeed*.so"))
     data_path, reason, is_pure = probe.stdout.splitlines()
     assert data_path == "pure" and is_pure == "True"
     assert "pidgate.protocol._speedups is not built" in reason

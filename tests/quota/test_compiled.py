@@ -56,6 +56,20 @@ def test_pidgate_pure_python_forces_the_pure_bloom_path(value: str) -> None:
     assert _choice(value) == {"module": None, "positions_pure": True}
 
 
+def test_a_module_that_does_not_import_leaves_the_pure_path() -> None:
+    """As after a failed compile (tests/deploy/test_native_build.py installs one)."""
+    code = """if True:
+        import json, sys
+        sys.modules["pidgate.quota._bloomspeed"] = None  # import raises ImportError
+        from pidgate.quota import bloom, compiled
+        print(json.dumps({
+            "module": compiled.bloomspeed,
+            "positions_pure": bloom.universal_positions is bloom.pure_universal_positions,
+        }))
+    """
+    assert printed_by_fresh_interpreter(code, None) == {"module": None, "positions_pure": True}
+
+
 def test_this_process_uses_the_chosen_path() -> None:
     forced = os.environ.get("PIDGATE_PURE_PYTHON", "") not in ("", "0")
     if forced or COMPILED is None:
