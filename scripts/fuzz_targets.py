@@ -267,6 +267,25 @@ def t_framing_native(data: bytes) -> None:
     assert left < incomplete if incomplete else left < 4, "a whole frame or size left uncut"
 
 
+def t_produce_response_native(data: bytes) -> None:
+    """data[0]: the Produce version it is read as (9..14) and buffer kind (bits 4-5); the rest:
+    a response frame after its size prefix. Compiled and pure ``produce_response_passes_unchanged``
+    must agree (neither raises)."""
+    from pidgate.protocol.endpoints import pure_produce_response_passes_unchanged
+
+    compiled = _need_compiled()
+    if not data:
+        return
+    payload = _buffer((data[0] >> 4) & 3, data[1:])
+    _same_on_both(
+        "produce_response_passes_unchanged",
+        compiled.produce_response_passes_unchanged,
+        pure_produce_response_passes_unchanged,
+        payload,
+        (data[0] & 0x0F) % 6 + 9,
+    )
+
+
 _bloom_filter: Any = None
 
 
@@ -339,9 +358,10 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "produce_native": t_produce_native,
     "framing_native": t_framing_native,
     "bloom_native": t_bloom_native,
+    "produce_response_native": t_produce_response_native,
 }
 #: Targets that need the compiled module (skipped, with COMPILED_MISSING, when it is absent).
-NATIVE_TARGETS = ("produce_native", "framing_native", "bloom_native")
+NATIVE_TARGETS = ("produce_native", "framing_native", "bloom_native", "produce_response_native")
 
 # --- seeds: valid messages built with kafka-python ---------------------------------------------
 
@@ -491,6 +511,14 @@ def _native_seeds(seeds: dict[str, list[bytes]]) -> None:
             bytes([kind << 6 | 8]) + framed,  # max 63
             bytes([kind << 6 | 0x3F]) + framed[:-7],  # cut inside the last frame
         ]
+    from tests.protocol.test_endpoints import produce as produce_response
+
+    for version in range(10, 14):
+        for with_endpoints in (False, True):
+            body = produce_response(version, with_endpoints)
+            seeds["produce_response_native"].append(
+                bytes([version - 9]) + (7).to_bytes(4, "big") + b"\x00" + body
+            )
     seeds["bloom_native"] += [
         struct.pack(">qBH", pid, hashes, later)
         for pid, hashes, later in ((0, 13, 0), (4999, 13, 1), (-1, 63, 6000), (2**62, 0, 65535))

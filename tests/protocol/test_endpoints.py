@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.admin.cluster import DescribeClusterResponse
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
@@ -17,9 +17,13 @@ from pidgate.protocol.endpoints import (
     ENDPOINT_BEARING_APIS,
     BrokerEndpoint,
     endpoints_in_response,
+    pure_produce_response_passes_unchanged,
     rewrite_endpoints,
 )
 from pidgate.protocol.errors import ProtocolError, UnsupportedApiError
+from pidgate.protocol.headers import parse_response_header
+
+from ..compiled_modules import import_compiled
 
 BROKERS = [(1, "broker-1.internal", 9092, "rack-a"), (2, "broker-2.internal", 9093, None)]
 
@@ -217,3 +221,87 @@ def test_garbage_only_protocol_errors(key_version: tuple[int, int], data: bytes)
         rewrite_endpoints(api_key, version, data, to_proxy)
     with contextlib.suppress(ProtocolError):
         endpoints_in_response(api_key, version, data)
+
+
+# --- Produce v10+ responses passed on unread (produce_response_passes_unchanged) --------------
+
+COMPILED, NOT_BUILT = import_compiled("pidgate.protocol._speedups")
+PASSES = [pure_produce_response_passes_unchanged] + (
+    [COMPILED.produce_response_passes_unchanged] if COMPILED is not None else []
+)
+
+
+def _payload(body: bytes, header_tags: bytes = b"\x00") -> bytes:
+    """A Produce response frame after its size prefix: correlation id 7, header v1's tagged
+    fields, the body."""
+    return (7).to_bytes(4, "big") + header_tags + body
+
+
+def _full_path_unchanged(payload: bytes, version: int) -> bool:
+    """What the response path's full reading decides: True when it forwards ``payload`` as is."""
+    _correlation_id, body_at = parse_response_header(payload, 0, version)
+    return rewrite_endpoints(0, version, payload[body_at:], to_proxy) is None
+
+
+@pytest.mark.parametrize("passes", PASSES)
+@pytest.mark.parametrize("version", range(10, 14))
+def test_produce_responses_without_node_endpoints_pass_unchanged(passes: Any, version: int) -> None:
+    body = produce(version, with_endpoints=False)
+    assert passes(_payload(body), version)
+    assert passes(memoryview(bytearray(_payload(body))), version)
+    # A tagged field in the response header is skipped, not mistaken for the body's.
+    assert passes(_payload(body, b"\x01\x05\x02\xaa\xbb"), version)
+    assert not passes(_payload(produce(version, with_endpoints=True)), version)
+    # Any top-level tag (here an unknown one) sends it to the full path.
+    assert not passes(_payload(body[:-1] + b"\x01\x07\x01\xaa"), version)
+    for cut in range(len(_payload(body))):
+        assert not passes(_payload(body)[:cut], version), cut
+
+
+@pytest.mark.parametrize("passes", PASSES)
+@pytest.mark.parametrize("version", [3, 9, 14, -1])
+def test_other_produce_versions_never_pass_here(passes: Any, version: int) -> None:
+    body = produce(min(max(version, 3), 13), with_endpoints=False)
+    assert not passes(_payload(body), version)
+
+
+def _mutant(data: st.DataObject) -> tuple[bytes, int]:
+    """A valid Produce v10+ response payload, with up to three bytes changed, inserted or cut;
+    and the version it is read as."""
+    version = data.draw(st.integers(10, 13))
+    payload = bytearray(
+        _payload(
+            produce(version, with_endpoints=data.draw(st.booleans())),
+            data.draw(st.sampled_from([b"\x00", b"\x01\x05\x02\xaa\xbb", b"\x80"])),
+        )
+    )
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(payload)))
+        kind = data.draw(st.integers(0, 2))
+        if kind == 0 and at < len(payload):
+            payload[at] = data.draw(st.integers(0, 255))
+        elif kind == 1:
+            payload[at:at] = data.draw(st.binary(min_size=1, max_size=4))
+        else:
+            del payload[at : at + data.draw(st.integers(1, 8))]
+    return bytes(payload), data.draw(st.sampled_from([version, 9, 10, 11, 12, 13, 14]))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.data())
+def test_a_pass_is_what_the_full_path_would_do_and_both_paths_agree(data: st.DataObject) -> None:
+    """On valid, mutated and random responses: the compiled answer is the pure one, and a
+    response let through unread is one the full reading would forward untouched, without an
+    error."""
+    if data.draw(st.booleans()):
+        version = data.draw(st.integers(8, 14))
+        payload = data.draw(st.binary(max_size=120))
+    else:
+        payload, version = _mutant(data)
+    pure = pure_produce_response_passes_unchanged(payload, version)
+    if COMPILED is not None:
+        assert COMPILED.produce_response_passes_unchanged(payload, version) == pure
+        view = memoryview(b"HEAD" + payload)[4:]
+        assert COMPILED.produce_response_passes_unchanged(view, version) == pure
+    if pure:
+        assert _full_path_unchanged(payload, version)

@@ -294,3 +294,166 @@ cdef inline Py_ssize_t _array_len(
         return -1
     pos_io[0] = pos
     return n if n > 0 else 0
+
+
+# --- Produce v10+ responses: forwarded as they are unless they carry top-level tags ----------
+
+cdef int FIRST_PRODUCE_NODE_ENDPOINTS_VERSION = 10  # KIP-951
+cdef int MAX_PRODUCE_WALK_VERSION = 13
+cdef Py_ssize_t PRODUCE_PARTITION_FIXED_BYTES = 30  # index, error_code, base_offset, 2 x int64
+cdef object _pure_passes = None
+
+
+cdef inline bint _uvarint(
+    const uint8_t* p, Py_ssize_t end, Py_ssize_t* pos_io, uint64_t_* out
+) noexcept nogil:
+    """``_wire.read_uvarint``: False where it raises (truncated, or longer than 5 bytes)."""
+    cdef Py_ssize_t pos = pos_io[0]
+    cdef uint64_t_ value = 0
+    cdef int shift = 0
+    cdef uint8_t b
+    while True:
+        if pos < 0 or pos >= end:
+            return False
+        b = p[pos]
+        pos += 1
+        value |= (<uint64_t_>(b & 0x7F)) << shift
+        if not b & 0x80:
+            pos_io[0] = pos
+            out[0] = value
+            return True
+        shift += 7
+        if shift > 28:
+            return False
+
+
+cdef inline bint _skip_tags(const uint8_t* p, Py_ssize_t end, Py_ssize_t* pos_io) noexcept nogil:
+    """``_wire.skip_tagged_fields``: False where it raises."""
+    cdef uint64_t_ count, i, tag, size
+    if not _uvarint(p, end, pos_io, &count):
+        return False
+    i = 0
+    while i < count:
+        if not _uvarint(p, end, pos_io, &tag) or not _uvarint(p, end, pos_io, &size):
+            return False
+        if <uint64_t_>(end - pos_io[0]) < size or pos_io[0] > end:
+            return False
+        pos_io[0] += <Py_ssize_t>size
+        i += 1
+    return True
+
+
+cdef inline bint _compact_count(
+    const uint8_t* p, Py_ssize_t end, Py_ssize_t* pos_io, Py_ssize_t* out
+) noexcept nogil:
+    """``_wire.read_array_len`` of a compact array: False where it raises."""
+    cdef uint64_t_ raw
+    cdef Py_ssize_t n
+    if not _uvarint(p, end, pos_io, &raw):
+        return False
+    n = <Py_ssize_t>raw - 1
+    if n > end - pos_io[0]:
+        return False
+    out[0] = n if n > 0 else 0
+    return True
+
+
+cdef inline bint _skip_compact_string(
+    const uint8_t* p, Py_ssize_t end, Py_ssize_t* pos_io
+) noexcept nogil:
+    """``endpoints._skip_compact_string``: a short length is skipped unchecked, as there (a
+    string running past the end fails at the next read, on both paths)."""
+    cdef Py_ssize_t pos = pos_io[0]
+    cdef uint64_t_ n
+    if pos < 0 or pos >= end:
+        return False
+    if p[pos] < 0x80:
+        pos_io[0] = pos + (p[pos] if p[pos] else 1)
+        return True
+    if not _uvarint(p, end, pos_io, &n):
+        return False
+    if pos_io[0] > end or <uint64_t_>(end - pos_io[0]) < n - 1:
+        return False
+    pos_io[0] += <Py_ssize_t>(n - 1)
+    return True
+
+
+cdef bint _produce_response_passes(
+    const uint8_t* p, Py_ssize_t end, int api_version
+) noexcept nogil:
+    cdef Py_ssize_t pos, topics, partitions, errors, t, q, e
+    if end < 4:
+        return False
+    pos = 4  # correlation_id
+    if not _skip_tags(p, end, &pos):  # response header v1
+        return False
+    p += pos  # the body, as the pure walk sees it (offsets from here)
+    end -= pos
+    pos = 0
+    if not _compact_count(p, end, &pos, &topics):
+        return False
+    for t in range(topics):
+        if api_version >= 13:
+            if pos + 16 > end:
+                return False
+            pos += 16
+        elif not _skip_compact_string(p, end, &pos):
+            return False
+        if not _compact_count(p, end, &pos, &partitions):
+            return False
+        for q in range(partitions):
+            pos += PRODUCE_PARTITION_FIXED_BYTES
+            if pos >= end:
+                return False
+            if p[pos] == 1:  # record_errors: empty
+                pos += 1
+            else:
+                if not _compact_count(p, end, &pos, &errors):
+                    return False
+                for e in range(errors):
+                    if pos + 4 > end:
+                        return False
+                    pos += 4
+                    if not _skip_compact_string(p, end, &pos) or not _skip_tags(p, end, &pos):
+                        return False
+            if not _skip_compact_string(p, end, &pos):  # error_message
+                return False
+            if pos >= end:
+                return False
+            if p[pos] == 0:
+                pos += 1
+            elif not _skip_tags(p, end, &pos):
+                return False
+        if pos >= end:
+            return False
+        if p[pos] == 0:
+            pos += 1
+        elif not _skip_tags(p, end, &pos):
+            return False
+    if pos + 4 > end:  # throttle_time_ms
+        return False
+    pos += 4
+    return pos < end and p[pos] == 0
+
+
+def produce_response_passes_unchanged(payload, api_version):
+    """``endpoints.produce_response_passes_unchanged`` compiled: the same answer for every
+    input (a flat byte buffer is walked here; anything else goes to the pure function)."""
+    global _pure_passes
+    cdef Py_buffer view
+    cdef bint passes
+    if type(api_version) is not int or not (
+        FIRST_PRODUCE_NODE_ENDPOINTS_VERSION <= api_version <= MAX_PRODUCE_WALK_VERSION
+    ):
+        return False
+    if not _flat_bytes(payload, &view):
+        if _pure_passes is None:
+            from pidgate.protocol.endpoints import pure_produce_response_passes_unchanged
+
+            _pure_passes = pure_produce_response_passes_unchanged
+        return _pure_passes(payload, api_version)
+    try:
+        passes = _produce_response_passes(<const uint8_t*>view.buf, view.len, api_version)
+    finally:
+        PyBuffer_Release(&view)
+    return passes

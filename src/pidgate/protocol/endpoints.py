@@ -20,6 +20,7 @@ from typing import Any
 from kafka.protocol.admin.cluster import DescribeClusterResponse
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
 
+from pidgate.protocol import native
 from pidgate.protocol._wire import (
     I32,
     as_memoryview,
@@ -115,6 +116,43 @@ def _produce_top_level_tags_offset(buf: memoryview, api_version: int) -> int:
         pos = pos + 1 if buf[pos] == 0 else skip_tagged_fields(buf, pos)
     need(buf, pos, 4, "throttle_time_ms")
     return pos + 4
+
+
+#: The newest Produce response :func:`produce_response_passes_unchanged` walks (v13: topic ids).
+MAX_PRODUCE_WALK_VERSION = 13
+
+
+def pure_produce_response_passes_unchanged(
+    payload: bytes | bytearray | memoryview, api_version: int
+) -> bool:
+    """Whether a Produce v10+ response (``payload``: its frame after the size prefix, response
+    header v1 first) is one :func:`rewrite_endpoints` would forward as it is: well formed up to
+    its top-level tagged fields, and with none of them (so no KIP-951 node_endpoints). Every
+    Produce v10+ response is read for those, and nearly none carries them (a broker adds them
+    with a NOT_LEADER error), so the response path asks this first and passes the others on
+    like a v9 response.
+
+    False for anything else (another version, a top-level tagged field, a malformed byte): the
+    caller then takes the full path, which rewrites or raises; a True always means the full path
+    would have returned the response untouched."""
+    if not FIRST_PRODUCE_NODE_ENDPOINTS_VERSION <= api_version <= MAX_PRODUCE_WALK_VERSION:
+        return False
+    buf = as_memoryview(payload)
+    try:
+        need(buf, 0, 4, "correlation_id")
+        body = buf[skip_tagged_fields(buf, 4) :]
+        tags_at = _produce_top_level_tags_offset(body, api_version)
+    except (MalformedMessageError, IndexError):
+        return False
+    return tags_at < len(body) and body[tags_at] == 0
+
+
+#: :func:`pure_produce_response_passes_unchanged`, or its compiled twin (``native``'s choice).
+produce_response_passes_unchanged: Callable[[bytes | bytearray | memoryview, int], bool] = (
+    native.compiled.produce_response_passes_unchanged
+    if native.compiled is not None
+    else pure_produce_response_passes_unchanged
+)
 
 
 def _skip_compact_string(buf: memoryview, pos: int) -> int:

@@ -24,7 +24,11 @@ from pidgate.protocol.api_versions import (
     broker_api_versions,
     narrow_api_versions_response,
 )
-from pidgate.protocol.endpoints import may_carry_endpoints, rewrite_endpoints
+from pidgate.protocol.endpoints import (
+    may_carry_endpoints,
+    produce_response_passes_unchanged,
+    rewrite_endpoints,
+)
 from pidgate.protocol.errors import ProtocolError
 from pidgate.protocol.framing import Frame, frame
 from pidgate.protocol.headers import parse_response_header
@@ -34,6 +38,7 @@ from pidgate.proxy.serving.context import ProxyContext
 from pidgate.proxy.serving.flow_control import ReadGate
 from pidgate.proxy.serving.records import (
     API_VERSIONS,
+    PRODUCE,
     RAW_SASL_TOKEN,
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
@@ -106,9 +111,22 @@ class ResponsePath:
                 )
                 return
             slot = self.awaiting_upstream.popleft()
-            if slot.observe is None and slot.merge is None and slot.passes_through:
-                # Nothing in this response's body concerns pidgate (a Produce before v10 above
-                # all): match its correlation id and pass it on unread.
+            if (
+                slot.observe is None
+                and slot.merge is None
+                and (
+                    slot.passes_through
+                    or (
+                        slot.api_key == PRODUCE
+                        and produce_response_passes_unchanged(
+                            memoryview(response)[4:], slot.api_version
+                        )
+                    )
+                )
+            ):
+                # Nothing in this response's body concerns pidgate (a Produce before v10, or a
+                # later one without KIP-951 node_endpoints): match its correlation id and pass
+                # it on as it is.
                 if len(response) < 8:
                     self.fail_upstream("bad_response", "response shorter than its header")
                     return
