@@ -343,6 +343,17 @@ cdef inline bint _skip_tags(const uint8_t* p, Py_ssize_t end, Py_ssize_t* pos_io
     return True
 
 
+cdef inline bint _skip_section(const uint8_t* p, Py_ssize_t end, Py_ssize_t* pos_io) noexcept nogil:
+    """A tagged-field section as the pure walk reads it: one zero byte when empty (nearly
+    always), else ``_skip_tags``."""
+    if pos_io[0] < 0 or pos_io[0] >= end:
+        return False
+    if p[pos_io[0]] == 0:
+        pos_io[0] += 1
+        return True
+    return _skip_tags(p, end, pos_io)
+
+
 cdef inline bint _compact_count(
     const uint8_t* p, Py_ssize_t end, Py_ssize_t* pos_io, Py_ssize_t* out
 ) noexcept nogil:
@@ -418,17 +429,9 @@ cdef bint _produce_response_passes(
                         return False
             if not _skip_compact_string(p, end, &pos):  # error_message
                 return False
-            if pos >= end:
+            if not _skip_section(p, end, &pos):  # the partition's (current_leader: tag 0)
                 return False
-            if p[pos] == 0:
-                pos += 1
-            elif not _skip_tags(p, end, &pos):
-                return False
-        if pos >= end:
-            return False
-        if p[pos] == 0:
-            pos += 1
-        elif not _skip_tags(p, end, &pos):
+        if not _skip_section(p, end, &pos):  # the topic's
             return False
     if pos + 4 > end:  # throttle_time_ms
         return False
