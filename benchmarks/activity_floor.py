@@ -2,7 +2,7 @@
 same splits of the same event log through the Python workers and do less with them, side by
 side with the job itself, in one session on one master.
 
-* ``read``: each task reads its split's bytes (``eventfacts.read_split``) and returns the count;
+* ``read``: each task reads its split (``eventfacts.read_split_view``) and returns its size;
 * ``scan``: reads, and parses with the compiled event-line reader (``eventfacts.parse_lines``);
 * ``map``: reads, parses, boils the events down to facts and packs them by home, as the job's
   first stage does, and returns the packed bytes' count: no shuffle, no reduce, no report;
@@ -49,11 +49,13 @@ def _split_job(spark: object, splits: list[tuple[str, int, int]], step: str) -> 
         total = 0
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                data = eventfacts.read_split(*splits[index])
+                data = eventfacts.read_split_view(*splits[index])  # as the job reads them
                 if step == "read":
                     total += len(data)
+                    data.release()
                     continue
                 table, bad = eventfacts.parse_lines(data)
+                data.release()
                 if step == "scan":
                     total += table.num_rows + bad
                     continue
