@@ -15,6 +15,8 @@ quota to observe before enforcing).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TypedDict, Unpack
@@ -213,19 +215,27 @@ def build_activity_report(
         hourly_clients = hourly_all.filter(~F.col(BAD)).drop(BAD)
         hourly = hourly_clients.select(*HOURLY_PARQUET)
         fates = fates_from_parts(parts)
-        offenders = (
-            top_offenders(hourly, top_n)
-            .join(fates, "principal", "left")
-            .orderBy(F.desc("new_pids"), F.asc("principal"))
-        )
-        stage(progress, "telling restart storms from steady demand ...")
-        rates = recommend_with_storms(hourly_clients, percentile, headroom, window_s)
-        # Both are small and written as Parquet afterwards: cached, so the writes do not
-        # compute them again.
-        offenders, rates = offenders.cache(), rates.cache()
-        cached += [offenders, rates]
-        offenders_pd: pd.DataFrame = offenders.toPandas()
-        rates_pd: pd.DataFrame = rates.toPandas()
+        stage(progress, "ranking principals and telling restart storms from steady demand ...")
+        # Two small, independent jobs: planned and run side by side (Spark takes jobs from
+        # several threads), so that one's planning and scheduling overlap the other's. Both
+        # are written as Parquet afterwards: cached, so the writes do not compute them again.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            offenders_job = pool.submit(
+                _cached_and_collected,
+                lambda: (
+                    top_offenders(hourly, top_n)
+                    .join(fates, "principal", "left")
+                    .orderBy(F.desc("new_pids"), F.asc("principal"))
+                ),
+            )
+            rates_job = pool.submit(
+                _cached_and_collected,
+                lambda: recommend_with_storms(hourly_clients, percentile, headroom, window_s),
+            )
+            # Each frame joins the cached ones once its job is through, so a failure of the
+            # other still releases it (below).
+            cached += [job.result()[0] for job in (offenders_job, rates_job) if not job.exception()]
+        (offenders, offenders_pd), (rates, rates_pd) = offenders_job.result(), rates_job.result()
 
         bucket_s, bucket_name = choose_bucket(totals.first_ms, totals.last_ms)
         stage(progress, f"charting new PIDs per {bucket_name} ...")
@@ -246,6 +256,16 @@ def build_activity_report(
     except BaseException:
         for frame in cached:
             frame.unpersist()
+        raise
+
+
+def _cached_and_collected(frame_of: Callable[[], DataFrame]) -> tuple[DataFrame, pd.DataFrame]:
+    """``frame_of()``, cached, and its rows in pandas."""
+    frame = frame_of().cache()
+    try:
+        return frame, frame.toPandas()
+    except BaseException:
+        frame.unpersist()
         raise
 
 
