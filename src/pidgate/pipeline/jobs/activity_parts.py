@@ -47,7 +47,7 @@ from pidgate.pipeline.reading.eventfacts import (
     Packing,
     merge_facts,
 )
-from pidgate.pipeline.reading.schemas import arrow_schema
+from pidgate.pipeline.reading.schemas import arrow_schema, spark_struct
 
 __all__ = [
     "FATES",
@@ -98,6 +98,8 @@ _PARTS_DDL = "part tinyint, bad boolean, principal string, hour_s bigint, kind t
     "bucket bigint, " + ", ".join(f"{name} bigint" for name in _VALUE_COLUMNS)
 )
 PARTS_SCHEMA = arrow_schema(_PARTS_DDL)
+#: Built here rather than parsed by the JVM from the DDL (0.08 s per call, fresh JVM).
+_PARTS_STRUCT = spark_struct(_PARTS_DDL)
 #: One reduce task per this much JSON input (its facts are held in memory while reduced).
 _INPUT_BYTES_PER_PARTITION = 256 << 20
 
@@ -300,7 +302,7 @@ def activity_parts(spark: SparkSession, source: pa.Table | DataFrame, partitions
     shuffled by home into ``partitions`` tasks that reduce their share."""
     if isinstance(source, pa.Table):
         return spark.createDataFrame(reduce_facts(source))
-    return source.repartition(partitions, "home").mapInArrow(_reduce_packed, _PARTS_DDL)
+    return source.repartition(partitions, "home").mapInArrow(_reduce_packed, _PARTS_STRUCT)
 
 
 def hourly_from_parts(parts: DataFrame) -> DataFrame:

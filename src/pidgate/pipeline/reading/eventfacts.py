@@ -46,7 +46,7 @@ import pyarrow.json as pj  # type: ignore[import-untyped, unused-ignore]
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pidgate.pipeline.reading.schemas import arrow_schema
+from pidgate.pipeline.reading.schemas import arrow_schema, spark_struct
 
 
 def _compiled_reader() -> Any:
@@ -523,6 +523,8 @@ def event_facts_source(
         if pending:
             yield from emit(facts_of_lines(_joined(pending), since_ms, until_ms))
 
+    # The schema built here: a DDL string is parsed by the JVM (0.08 s per call, fresh JVM).
+    schema = spark_struct(ddl)
     if local and local_bytes(paths) <= driver_bytes:
         tables = [facts_of_lines(read_split(*split), since_ms, until_ms) for split in splits]
         return pa.concat_tables(tables).cast(FACT_SCHEMA).combine_chunks()
@@ -530,8 +532,8 @@ def event_facts_source(
         # A task per split, numbered by the JVM: no Python job (and no shuffle) just to hand
         # the split list out; the tasks look their split up in the list they were sent with.
         count = max(1, len(splits))
-        return spark.range(len(splits), numPartitions=count).mapInArrow(of_splits, ddl)
-    return spark.read.text(list(paths)).mapInArrow(of_lines, ddl)
+        return spark.range(len(splits), numPartitions=count).mapInArrow(of_splits, schema)
+    return spark.read.text(list(paths)).mapInArrow(of_lines, schema)
 
 
 def event_facts(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
 from pyspark.sql.types import (
+    BinaryType,
     BooleanType,
     ByteType,
     DataType,
@@ -26,10 +27,19 @@ __all__ = ["arrow_schema", "spark_struct"]
 
 _SPARK_TYPES: dict[str, DataType] = {
     t.simpleString(): t
-    for t in (StringType(), BooleanType(), ByteType(), IntegerType(), LongType(), DoubleType())
+    for t in (
+        StringType(),
+        BinaryType(),
+        BooleanType(),
+        ByteType(),
+        IntegerType(),
+        LongType(),
+        DoubleType(),
+    )
 }
 _ARROW_TYPES = {
     "string": pa.string(),
+    "binary": pa.binary(),
     "boolean": pa.bool_(),
     "tinyint": pa.int8(),
     "int": pa.int32(),
