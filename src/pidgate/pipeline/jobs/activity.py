@@ -47,7 +47,12 @@ from pidgate.pipeline.jobs.activity_parts import (
     shuffle_partitions,
 )
 from pidgate.pipeline.jobs.activity_rates import rate_rule, recommend_with_storms, storm_rule
-from pidgate.pipeline.outputs.report import Section, is_local_uri, write_report
+from pidgate.pipeline.outputs.report import (
+    Section,
+    is_local_uri,
+    warm_up_figures,
+    write_report,
+)
 from pidgate.pipeline.outputs.timebuckets import choose_bucket
 from pidgate.pipeline.reading.eventfacts import (
     DRIVER_BYTES,
@@ -122,7 +127,9 @@ def period_totals(
         .agg(
             F.min("first_ts_ms").alias("first_ms"),
             F.max("last_ts_ms").alias("last_ms"),
-            F.countDistinct("principal").alias("principals"),
+            # The set of names rather than countDistinct: one aggregation instead of two
+            # (countDistinct expands every row), so one Spark job fewer.
+            F.size(F.collect_set("principal")).alias("principals"),
             *(F.sum(name).alias(name) for name in _SUMMED),
         )
         .collect()
@@ -219,7 +226,8 @@ def build_activity_report(
         # Two small, independent jobs: planned and run side by side (Spark takes jobs from
         # several threads), so that one's planning and scheduling overlap the other's. Both
         # are written as Parquet afterwards: cached, so the writes do not compute them again.
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            pool.submit(warm_up_figures)  # the charts below are drawn while nothing waits
             offenders_job = pool.submit(
                 _cached_and_collected,
                 lambda: (

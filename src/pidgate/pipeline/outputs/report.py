@@ -36,7 +36,15 @@ from pyspark.sql import DataFrame, SparkSession
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["Section", "is_local_uri", "join_uri", "new_figure", "render_html", "write_report"]
+__all__ = [
+    "Section",
+    "is_local_uri",
+    "join_uri",
+    "new_figure",
+    "render_html",
+    "warm_up_figures",
+    "write_report",
+]
 
 REPORT_FILE = "report.html"
 _HEADER = re.compile(r"<th>[^<]*</th>")
@@ -78,6 +86,14 @@ def new_figure(**options: Any) -> Figure:
     from matplotlib.figure import Figure
 
     return Figure(**options)
+
+
+def warm_up_figures() -> None:
+    """Import matplotlib and load its fonts (a third of a second, first time in a process), so
+    that a job can have it done in a thread while it waits for Spark, before its first chart."""
+    figure = new_figure(figsize=(1, 1))
+    figure.text(0.5, 0.5, "0")
+    figure.canvas.draw()
 
 
 def _tick_format(span_s: float) -> str:
