@@ -37,7 +37,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped, unused-ignore]
@@ -407,6 +407,15 @@ def file_splits(
     return splits
 
 
+def _seek_split(file: BinaryIO, start: int, length: int) -> int:
+    """``file`` moved to the first line that starts in ``[start, start + length)``; the bytes
+    from there to the range's end (0 or less: no line starts in it)."""
+    if start > 0:
+        file.seek(start - 1)
+        file.readline()  # the rest of a line that started before this split
+    return start + length - file.tell()
+
+
 def read_split(path: str, start: int, length: int) -> bytes:
     """The lines that *start* in ``[start, start + length)`` of ``path`` (the whole file,
     decompressed, for ``length`` -1)."""
@@ -414,14 +423,10 @@ def read_split(path: str, start: int, length: int) -> bytes:
         with pa.input_stream(path, compression="detect") as stream:
             return bytes(stream.read())
     with open(path, "rb") as file:
-        if start > 0:
-            file.seek(start - 1)
-            file.readline()  # the rest of a line that started before this split
-        begin = file.tell()
-        end = start + length
-        if begin >= end:
+        wanted = _seek_split(file, start, length)
+        if wanted <= 0:
             return b""
-        data = file.read(end - begin)
+        data = file.read(wanted)
         if data and not data.endswith(b"\n"):
             data += file.readline()  # the line that starts here ends in the next split
     return data
@@ -450,14 +455,9 @@ def read_split_view(path: str, start: int, length: int) -> memoryview:
     if length < 0:
         return memoryview(read_split(path, start, length))
     with open(path, "rb") as file:
-        if start > 0:
-            file.seek(start - 1)
-            file.readline()  # the rest of a line that started before this split
-        begin = file.tell()
-        end = start + length
-        if begin >= end:
+        wanted = _seek_split(file, start, length)
+        if wanted <= 0:
             return memoryview(b"")
-        wanted = end - begin
         buffer = _split_buffer(wanted + _TAIL_BYTES)
         view = memoryview(buffer)
         count = file.readinto(view[:wanted])
