@@ -288,3 +288,15 @@ def test_observe_mode_reports_what_enforcement_would_have_done(
         "User:observed: 10 PIDs would have been rejected at least once; 8 of them were "
         "admitted later (would have waited), 2 never got a token in the period"
     ) in text
+
+
+def test_a_failed_recommendation_fails_the_report_and_leaves_nothing_cached(
+    spark: SparkSession,
+) -> None:
+    """The offenders and the recommendations are computed side by side: when one fails, the
+    report fails with its error, and the other's cached frame is released with the rest."""
+    cache_manager = spark._jsparkSession.sharedState().cacheManager()
+    spark.catalog.clearCache()
+    with pytest.raises(ValueError, match="percentile must be in"):
+        build_activity_report(spark, str(DEMO), percentile=1.5)
+    assert cache_manager.isEmpty()

@@ -227,7 +227,8 @@ def build_activity_report(
         # several threads), so that one's planning and scheduling overlap the other's. Both
         # are written as Parquet afterwards: cached, so the writes do not compute them again.
         with ThreadPoolExecutor(max_workers=3) as pool:
-            pool.submit(warm_up_figures)  # the charts below are drawn while nothing waits
+            # matplotlib imported meanwhile, for the charts below (its errors recur there)
+            pool.submit(warm_up_figures)
             offenders_job = pool.submit(
                 _cached_and_collected,
                 lambda: (
