@@ -163,3 +163,24 @@ def test_the_pure_path_variable_leaves_the_reading_to_pyarrow(
     table, bad = eventfacts.parse_lines(LINE.encode())  # pyarrow reads it instead
     assert (table.num_rows, bad) == (1, 0)
     assert table["principal"].to_pylist() == ["User:a"]
+
+
+@pytest.mark.parametrize("special", [b'"', b"\\", b"\x00", b"\x1f", b"\x80", b"\xff"])
+def test_a_special_byte_at_every_place_of_a_string(special: bytes) -> None:
+    """Strings are skipped eight bytes at a time: a quote, a backslash, a control or a
+    non-ASCII byte at any place of a key or a value, of any length and alignment, ends or
+    declines the string exactly where the byte-by-byte reading would. The bytes on either
+    side of the eight-byte tests (space, DEL) are plain and read."""
+    for length in range(0, 26):
+        for offset in range(0, 3):  # shifts where the string starts against 8-byte words
+            for place in range(length):
+                value = bytearray(b"abcdefghijklmnopqrstuvwxyz"[:length])
+                value[place] = special[0]
+                for template in (
+                    b'{"ts_ms":1,"event":"rejected","principal":"%s","pad":"%s"}',
+                    b'{"ts_ms":1,"event":"rejected","%s":1,"pad":"%s"}',  # a key
+                ):
+                    line = template % (bytes(value), b"x" * offset)
+                    assert not _assert_same_or_declined(line) or special == b'"'
+    plain = b'{"ts_ms":1,"event":"rejected","principal":"a b\x7fc d\x7fe f g h i j k"}'
+    assert _assert_same_or_declined(plain)

@@ -11,9 +11,9 @@ imports; numpy only for the output arrays.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 import numpy as np
 
@@ -54,10 +54,49 @@ cdef inline int _field(const unsigned char* key, Py_ssize_t size) noexcept nogil
     return UNKNOWN
 
 
+# Eight bytes at a time (SWAR): each constant repeats one byte in all eight lanes (as C
+# constants: a C enum cannot hold 64-bit values).
+cdef extern from *:
+    """
+    #define PG_ONES 0x0101010101010101ULL
+    #define PG_HIGHS 0x8080808080808080ULL
+    #define PG_QUOTES 0x2222222222222222ULL
+    #define PG_BACKSLASHES 0x5C5C5C5C5C5C5C5CULL
+    #define PG_SPACES 0x2020202020202020ULL
+    """
+    const uint64_t ONES "PG_ONES"
+    const uint64_t HIGHS "PG_HIGHS"
+    const uint64_t QUOTES "PG_QUOTES"  # "
+    const uint64_t BACKSLASHES "PG_BACKSLASHES"
+    const uint64_t SPACES "PG_SPACES"  # below it: control bytes
+
+
+cdef inline bint _plain_word(uint64_t word) noexcept nogil:
+    """True when none of the eight bytes of ``word`` is a quote, a backslash, a control byte
+    (below 0x20) or non-ASCII (0x80 and up): the string goes on past all eight. The test for a
+    zero byte is exact when no byte has its high bit set, which is checked first."""
+    cdef uint64_t quote = word ^ QUOTES, backslash = word ^ BACKSLASHES
+    if word & HIGHS:
+        return False
+    return (
+        ((quote - ONES) & ~quote)
+        | ((backslash - ONES) & ~backslash)
+        | ((word - SPACES) & ~word)
+    ) & HIGHS == 0
+
+
 cdef inline Py_ssize_t _string_end(const unsigned char* buf, Py_ssize_t pos, Py_ssize_t end) noexcept nogil:
     """Index of the closing quote of a string whose first character is at ``pos``; -1 when
-    the string has an escape, a control or non-ASCII byte, or no end."""
+    the string has an escape, a control or non-ASCII byte, or no end. Whole words of plain
+    bytes are skipped eight at a time (a third of the scan's time went here byte by byte);
+    the word that holds anything else is read byte by byte."""
     cdef unsigned char c
+    cdef uint64_t word
+    while pos + 8 <= end:
+        memcpy(&word, buf + pos, 8)  # in bounds: pos + 8 <= end
+        if not _plain_word(word):
+            break
+        pos += 8
     while pos < end:
         c = buf[pos]
         if c == 34:  # "
@@ -152,10 +191,15 @@ def scan_event_lines(data):
 
 
 cdef object _scan(const unsigned char* buf, Py_ssize_t end):
-    cdef Py_ssize_t max_rows = 1, i
-    for i in range(end):
-        if buf[i] == 10:
-            max_rows += 1
+    cdef Py_ssize_t max_rows = 1
+    cdef const unsigned char* newline = buf
+    cdef const unsigned char* stop = buf + end
+    while newline < stop:  # memchr: the C library's word-wide search
+        newline = <const unsigned char*>memchr(newline, 10, stop - newline)
+        if newline == NULL:
+            break
+        max_rows += 1
+        newline += 1
     ints_array = np.zeros((N_INT, max_rows), np.int64)
     int_valid_array = np.zeros((N_INT, max_rows), np.uint8)
     offsets_array = np.zeros((N_STR, max_rows + 1), np.int32)
