@@ -1,7 +1,7 @@
 """A reference point between the floor and pidgate: the least a Kafka-aware gate does per
 request, in pure Python on uvloop.
 
-    python benchmarks/minimal_gate.py LISTEN_PORT UPSTREAM_HOST:UPSTREAM_PORT [--quota]
+    python benchmarks/minimal_gate.py LISTEN_PORT UPSTREAM_HOST:UPSTREAM_PORT [--quota] [--typed]
 
 Per request: cut the frame out of the stream, read its header (api_key, api_version,
 correlation_id), for a Produce read 8 bytes of the body and count them in a dict (a stand-in
@@ -19,6 +19,11 @@ high enough that nothing is rejected). Nothing else of pidgate (no order guard, 
 metrics, flow control, idle checks): what this costs above the floor is the least a pure-Python
 gate with a PID quota pays. The request header is cut by hand for the benchmark's own frames
 (a client_id, no tagged fields), not parsed in general.
+
+``--typed`` runs the same gate written as typed Cython classes (``minimal_gate_typed.pyx``,
+compiled here by pyximport on first use: Cython must be importable): frames cut and headers
+read in C, the walk and the quota still pidgate's Python-level calls. What it costs above the
+floor is what a compiled per-connection path could reach with the quota as it is (issue #25).
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from __future__ import annotations
 import asyncio
 import struct
 import sys
+import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import cast
 
 import uvloop
@@ -130,8 +138,23 @@ async def serve(listen_port: int, host: str, port: int) -> None:
         await server.serve_forever()
 
 
+def _typed_serve() -> Callable[[int, str, int], Coroutine[None, None, None]]:
+    """``minimal_gate_typed.serve``, the module compiled on first use (its quota set)."""
+    try:
+        import pyximport
+    except ImportError:
+        sys.exit("minimal_gate.py --typed needs Cython: .venv/bin/pip install 'Cython>=3.0'")
+    sys.path.insert(0, str(Path(__file__).parent))
+    pyximport.install(language_level=3, build_dir=str(Path(tempfile.gettempdir()) / "pidgate-pyx"))
+    import minimal_gate_typed  # type: ignore[import-not-found]
+
+    minimal_gate_typed.quota = quota
+    return cast(Callable[[int, str, int], Coroutine[None, None, None]], minimal_gate_typed.serve)
+
+
 if __name__ == "__main__":
     if "--quota" in sys.argv[3:]:
         quota = QuotaManager(QuotaPolicy(default_producer_ids_rate=1_000_000_000))
     upstream_host, _, upstream_port = sys.argv[2].rpartition(":")
-    uvloop.run(serve(int(sys.argv[1]), upstream_host, int(upstream_port)))
+    run_server = _typed_serve() if "--typed" in sys.argv[3:] else serve
+    uvloop.run(run_server(int(sys.argv[1]), upstream_host, int(upstream_port)))

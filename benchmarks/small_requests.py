@@ -3,7 +3,7 @@
     python benchmarks/small_requests.py [--rounds 5] [--requests 20000] [--producers 16]
                                         [--records-per-producer 400] [--baseline-src DIR]
                                         [--profile FILE] [--only WORKLOAD] [--minimal-gate]
-                                        [--paths compiled,pure]
+                                        [--typed-gate] [--paths compiled,pure]
 
 The PID-explosion workload is many producers sending small requests, so what pidgate costs per
 request matters more than what it costs per byte. This script starts one tansu broker, the
@@ -34,7 +34,9 @@ map (is ``_speedups`` loaded?) and printed; a "compiled" target found pure stops
 cut, headers and correlation ids read, nothing else) and ``minimal_gate.py --quota`` (the same
 plus pidgate's lean walk and quota decision per Produce, nothing else of pidgate). They show how
 much of pidgate's distance from the floor any Python process that reads Kafka frames pays on
-this machine, and how much any that also enforces a PID quota pays.
+this machine, and how much any that also enforces a PID quota pays. ``--typed-gate`` adds the
+same two written as typed Cython classes (``minimal_gate.py --typed``, compiled on first use;
+Cython must be importable): what a compiled per-connection path could reach (issue #25).
 
 CPU is each proxy process's schedstat time (all threads, ns) over the run, divided by the
 Produce requests the run sent. The ``BENCH_SMALL`` line gives per workload the floor's and
@@ -80,7 +82,9 @@ VALUE = b"v" * 100
 PRODUCE_VERSION = 9
 PIPELINE_DEPTH = 32
 #: The processes measured besides the floor and pidgate, when asked for.
-OTHERS = ("baseline", "minimal", "minimal_quota")
+OTHERS = ("baseline", "minimal", "minimal_quota", "typed", "typed_quota")
+#: The reference gates among them: raw frames only (they rewrite no endpoints).
+GATES = ("minimal", "minimal_quota", "typed", "typed_quota")
 #: pidgate's data paths (``--paths``); the second pidgate process, on the pure path beside the
 #: compiled one.
 PATHS = ("compiled", "pure")
@@ -420,7 +424,7 @@ def report(results: dict[str, Measured], pidgate_path: str = "compiled") -> str:
                 else ""
             )
             print(f"{'':16s} issue #25 bound <= {target}: {pidgate_path} {met}{pure_met}")
-        for other in ("minimal", "minimal_quota"):
+        for other in GATES:
             if other in m.us_per_request:
                 fields.append(
                     f"{key}_{other}_us={med(m.us_per_request[other]):.1f} "
@@ -444,6 +448,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also measure minimal_gate.py (frames, headers, correlation ids; no quota) and "
         "minimal_gate.py --quota (plus the lean walk and the quota decision) on the raw-frame "
         "workloads: the least any Python Kafka-aware gate, and any with a PID quota, pays here",
+    )
+    parser.add_argument(
+        "--typed-gate",
+        action="store_true",
+        help="also measure minimal_gate.py --typed and --typed --quota (the same gates as "
+        "typed Cython classes, compiled on first use: needs Cython) on the raw-frame workloads",
     )
     parser.add_argument(
         "--paths",
@@ -486,7 +496,8 @@ def run(args: argparse.Namespace) -> str:
     log_dir = Path(tempfile.mkdtemp(prefix="pidgate-small-"))
     forwarder_port = free_port()
     floor_broker = broker = pure_broker = forwarder = pidgate = pure = None
-    baseline = minimal = minimal_quota = None
+    baseline = None
+    gates: list[Forwarder] = []
     paths = getattr(args, "paths", PATHS)
     try:
         floor_broker = Broker(log_dir, "tansu-floor", forwarder_port)
@@ -515,20 +526,24 @@ def run(args: argparse.Namespace) -> str:
             )
             described[PURE] = pure.check_data_path("pure")
             targets[PURE] = (pure.bootstrap, pure.cpu)
+        # Raw frames only: the gates rewrite no endpoints, so clients bootstrapping through
+        # them would be sent to the floor's forwarder.
+        wanted: list[tuple[str, tuple[str, ...]]] = []
         if getattr(args, "minimal_gate", False):
-            # Raw frames only: it rewrites no endpoints, so clients bootstrapping through it
-            # would be sent to the floor's forwarder.
-            minimal = Forwarder(free_port(), floor_broker.address, log_dir, "minimal_gate.py")
-            targets["minimal"] = (minimal.bootstrap, minimal.cpu)
-            minimal_quota = Forwarder(
+            wanted += [("minimal", ()), ("minimal_quota", ("--quota",))]
+        if getattr(args, "typed_gate", False):
+            wanted += [("typed", ("--typed",)), ("typed_quota", ("--typed", "--quota"))]
+        for name, options in wanted:
+            gate = Forwarder(
                 free_port(),
                 floor_broker.address,
                 log_dir,
                 "minimal_gate.py",
-                "--quota",
-                name="minimal_gate_quota",
+                *options,
+                name=f"gate_{name}",
             )
-            targets["minimal_quota"] = (minimal_quota.bootstrap, minimal_quota.cpu)
+            gates.append(gate)
+            targets[name] = (gate.bootstrap, gate.cpu)
         if getattr(args, "baseline_src", None):
             baseline = Pidgate(
                 broker.address, log_dir, args.baseline_src, "pidgate-baseline", rate=1_000_000_000
@@ -551,7 +566,7 @@ def run(args: argparse.Namespace) -> str:
             print(f"{name} data path: {description}", flush=True)
 
         def targets_of(w: Workload) -> list[str]:
-            return [n for n in targets if not n.startswith("minimal") or w.name != "librdkafka"]
+            return [n for n in targets if n not in GATES or w.name != "librdkafka"]
 
         for w in workloads:  # warm-up, not counted
             for name in targets_of(w):
@@ -571,8 +586,7 @@ def run(args: argparse.Namespace) -> str:
         return f"{report(results, pidgate_path)} small_rounds={args.rounds}"
     finally:
         for p in (
-            minimal_quota,
-            minimal,
+            *gates,
             baseline,
             pure,
             pidgate,

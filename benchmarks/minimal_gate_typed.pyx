@@ -1,0 +1,172 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""``minimal_gate.py --typed``: the minimal gate's per-request work in typed Cython, to show
+what a compiled per-connection path could reach on this machine (issue #25). Not a product.
+
+The same work as ``minimal_gate.py`` (see there), done in C where the pure gate runs Python:
+frames are cut from the bytes uvloop hands over (no copy unless a frame spans two reads, no
+list of frames), the header's api_key, api_version and correlation_id and each response's
+correlation_id are read from the buffer. With ``quota`` set, the lean Produce walk and the
+quota decision are pidgate's own Python-level calls, as in ``minimal_gate.py --quota``: what
+typing the connection alone would give, with the quota as it is. Built by ``minimal_gate.py``
+with pyximport (Cython, a build requirement of pidgate, must be importable).
+"""
+
+import asyncio
+import time
+from collections import deque
+
+from pidgate.protocol.produce import produce_acks_and_producer_ids
+
+#: A ``QuotaManager`` (``--quota``), or None: no walk, no quota.
+quota = None
+
+
+cdef inline int _i32(const unsigned char* p) noexcept nogil:
+    return <int>((<unsigned int>p[0] << 24) | (<unsigned int>p[1] << 16) | (<unsigned int>p[2] << 8) | p[3])
+
+
+cdef inline int _i16(const unsigned char* p) noexcept nogil:
+    return <short>((p[0] << 8) | p[1])
+
+
+cdef class Upstream:
+    """The broker side: each response's correlation id checked against the oldest owed."""
+
+    cdef Client client
+    cdef object owed
+    cdef bytearray buffer
+
+    def __init__(self, Client client):
+        self.client = client
+        self.owed = client.owed
+        self.buffer = bytearray()
+
+    def connection_made(self, transport):
+        pass
+
+    def data_received(self, bytes data):
+        cdef bytearray buffer = self.buffer
+        cdef object source = data
+        if buffer:
+            buffer += data
+            source = buffer
+        cdef const unsigned char[:] view = source
+        cdef Py_ssize_t n = view.shape[0], pos = 0, size
+        owed = self.owed
+        while n - pos >= 8:
+            size = _i32(&view[pos])
+            if size < 4 or n - pos - 4 < size:
+                break
+            if _i32(&view[pos + 4]) != owed.popleft():
+                raise RuntimeError("a response out of order")
+            pos += 4 + size
+        view = None
+        out = _taken(buffer, data, pos)
+        if out:
+            self.client.transport.write(out)
+
+    def eof_received(self):
+        return None
+
+    def pause_writing(self):
+        pass
+
+    def resume_writing(self):
+        pass
+
+    def connection_lost(self, exc):
+        self.client.transport.close()
+
+
+cdef bytes _taken(bytearray buffer, bytes data, Py_ssize_t pos):
+    """The ``pos`` bytes cut (``data`` itself when it was all of them); the rest kept."""
+    if buffer:
+        taken = bytes(buffer[:pos])
+        del buffer[:pos]
+        return taken
+    if pos == len(data):
+        return data
+    buffer += data[pos:]
+    return data[:pos]
+
+
+cdef class Client:
+    """The client side: each request's header read, Produce PIDs put to the quota."""
+
+    cdef object host, port, upstream, owed
+    cdef public object transport
+    cdef list pending
+    cdef bytearray buffer
+
+    def __init__(self, host, port):
+        self.host, self.port = host, port
+        self.upstream = None
+        self.pending = []
+        self.buffer = bytearray()
+        self.owed = deque()
+
+    def connection_made(self, transport):
+        self.transport = transport
+        asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self):
+        loop = asyncio.get_running_loop()
+        upstream, _ = await loop.create_connection(lambda: Upstream(self), self.host, self.port)
+        self.upstream = upstream
+        for data in self.pending:
+            upstream.write(data)
+        self.pending.clear()
+
+    def eof_received(self):
+        return None
+
+    def pause_writing(self):
+        pass
+
+    def resume_writing(self):
+        pass
+
+    def data_received(self, bytes data):
+        cdef bytearray buffer = self.buffer
+        cdef object source = data
+        if buffer:
+            buffer += data
+            source = buffer
+        cdef const unsigned char[:] view = source
+        cdef Py_ssize_t n = view.shape[0], pos = 0, size, body_at, client_id_bytes
+        cdef int api_version
+        owed = self.owed
+        while n - pos >= 14:
+            size = _i32(&view[pos])
+            if size < 10 or n - pos - 4 < size:
+                break
+            if _i16(&view[pos + 4]) == 0 and quota is not None:  # Produce
+                api_version = _i16(&view[pos + 6])
+                client_id_bytes = _i16(&view[pos + 12])
+                body_at = pos + 14 + max(client_id_bytes, 0) + (1 if api_version >= 9 else 0)
+                _, producer_ids = produce_acks_and_producer_ids(
+                    memoryview(source)[body_at : pos + 4 + size], api_version
+                )
+                if producer_ids:
+                    quota.admit("benchmark", producer_ids, time.time_ns() // 1_000_000)
+            owed.append(_i32(&view[pos + 8]))
+            pos += 4 + size
+        view = None
+        out = _taken(buffer, data, pos)
+        if not out:
+            return
+        if self.upstream is None:
+            self.pending.append(out)
+        else:
+            self.upstream.write(out)
+
+    def connection_lost(self, exc):
+        if self.upstream is not None:
+            self.upstream.close()
+
+
+async def serve(int listen_port, str host, int port):
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: Client(host, port), "127.0.0.1", listen_port)
+    async with server:
+        await server.serve_forever()
