@@ -29,28 +29,47 @@ cdef inline int _i16(const unsigned char* p) noexcept nogil:
     return <short>((p[0] << 8) | p[1])
 
 
-cdef class Upstream:
+cdef class _Side:
+    """What both sides share: the bytes of a frame cut short, kept for the next read."""
+
+    cdef bytearray buffer
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    cdef object _source(self, bytes data):
+        """What to cut frames from: ``data``, or the kept bytes with ``data`` appended."""
+        if self.buffer:
+            self.buffer += data
+            return self.buffer
+        return data
+
+    def eof_received(self):
+        return None
+
+    def pause_writing(self):
+        pass
+
+    def resume_writing(self):
+        pass
+
+
+cdef class Upstream(_Side):
     """The broker side: each response's correlation id checked against the oldest owed."""
 
     cdef Client client
     cdef object owed
-    cdef bytearray buffer
 
     def __init__(self, Client client):
+        _Side.__init__(self)
         self.client = client
         self.owed = client.owed
-        self.buffer = bytearray()
 
     def connection_made(self, transport):
         pass
 
     def data_received(self, bytes data):
-        cdef bytearray buffer = self.buffer
-        cdef object source = data
-        if buffer:
-            buffer += data
-            source = buffer
-        cdef const unsigned char[:] view = source
+        cdef const unsigned char[:] view = self._source(data)
         cdef Py_ssize_t n = view.shape[0], pos = 0, size
         owed = self.owed
         while n - pos >= 8:
@@ -61,18 +80,9 @@ cdef class Upstream:
                 raise RuntimeError("a response out of order")
             pos += 4 + size
         view = None
-        out = _taken(buffer, data, pos)
+        out = _taken(self.buffer, data, pos)
         if out:
             self.client.transport.write(out)
-
-    def eof_received(self):
-        return None
-
-    def pause_writing(self):
-        pass
-
-    def resume_writing(self):
-        pass
 
     def connection_lost(self, exc):
         self.client.transport.close()
@@ -90,19 +100,18 @@ cdef bytes _taken(bytearray buffer, bytes data, Py_ssize_t pos):
     return data[:pos]
 
 
-cdef class Client:
+cdef class Client(_Side):
     """The client side: each request's header read, Produce PIDs put to the quota."""
 
     cdef object host, port, upstream, owed
     cdef public object transport
     cdef list pending
-    cdef bytearray buffer
 
     def __init__(self, host, port):
+        _Side.__init__(self)
         self.host, self.port = host, port
         self.upstream = None
         self.pending = []
-        self.buffer = bytearray()
         self.owed = deque()
 
     def connection_made(self, transport):
@@ -117,21 +126,8 @@ cdef class Client:
             upstream.write(data)
         self.pending.clear()
 
-    def eof_received(self):
-        return None
-
-    def pause_writing(self):
-        pass
-
-    def resume_writing(self):
-        pass
-
     def data_received(self, bytes data):
-        cdef bytearray buffer = self.buffer
-        cdef object source = data
-        if buffer:
-            buffer += data
-            source = buffer
+        cdef object source = self._source(data)
         cdef const unsigned char[:] view = source
         cdef Py_ssize_t n = view.shape[0], pos = 0, size, body_at, client_id_bytes
         cdef int api_version
@@ -152,7 +148,7 @@ cdef class Client:
             owed.append(_i32(&view[pos + 8]))
             pos += 4 + size
         view = None
-        out = _taken(buffer, data, pos)
+        out = _taken(self.buffer, data, pos)
         if not out:
             return
         if self.upstream is None:
