@@ -1,16 +1,17 @@
 """``pidgate analyze activity`` on a standalone cluster against ``local[2]``, same machine, same
-input, one run each (not run by the tests).
+input, in turn (``--rounds`` pairs; not run by the tests).
 
 Generates (once, cached under ``--dir``) an event log with :mod:`pidgate.pipeline.jobs.generate`,
 starts a Master and a 2-core Worker in a network namespace (the test harness,
-``tests/pipeline/spark/spark_cluster.py``: needs root), and runs the CLI as a user would, first on
-``local[2]``, then with ``--master spark://...``. Prints, for each, the wall time end to end and
+``tests/pipeline/spark/spark_cluster.py``: needs root) and waits until the worker has
+registered, then runs the CLI as a user would, on ``local[2]`` and with
+``--master spark://...`` in turn. Prints, for each, the wall time end to end and
 the job's own time (from the job's first stage line to "done", read from the progress lines:
 JVM start and, on the cluster, the executor check excluded), and the cluster/local ratios.
 The cluster run gets the 4 shuffle partitions ``local[2]`` has by default, and any ``--conf``
-given here.
+given here; with several rounds, the medians of the paired ratios.
 
-    sudo .venv/bin/python benchmarks/pipeline_cluster.py --events 1000000 --dir /tmp/pgbench
+    sudo .venv/bin/python benchmarks/pipeline_cluster.py --events 10000000 --rounds 3
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,10 @@ def _run(events: Path, output: Path, master: str, *extra: str) -> tuple[float, f
     return wall_s, last - first
 
 
+def _load() -> str:
+    return " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -74,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a Spark setting for the cluster run, repeatable (e.g. "
         "spark.executor.defaultJavaOptions= to give the executors C2 again)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="local and cluster runs in turn, this many pairs"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.pipeline.spark.spark_cluster import standalone_cluster, unavailable
@@ -83,20 +92,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit(f"cannot start the namespace cluster: {reason}")
     args.dir.mkdir(parents=True, exist_ok=True)
     events = _events(args.dir, args.events)
-    local = _run(events, args.dir / "out-local", "local[2]")
-    print(f"local[2]: {local[0]:.1f} s end to end, job {local[1]:.1f} s", flush=True)
-    with standalone_cluster(args.dir / "cluster", cores=2, memory="2g") as cluster:
+    cluster_conf = [
         # The shuffle partitions local[2] gets by default (Spark's 200 suit big clusters).
-        remote = _run(
-            events, args.dir / "out-cluster", cluster.master_url,
-            "--conf", f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}",
-            *(arg for pair in args.conf for arg in ("--conf", pair)),
-        )  # fmt: skip
-    print(f"cluster ({cluster.master_url}, 1 worker, 2 cores, "
-          f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}): "
-          f"{remote[0]:.1f} s end to end, job {remote[1]:.1f} s")  # fmt: skip
-    print(f"ratio cluster/local: job {remote[1] / local[1]:.2f}x, "
-          f"end to end {remote[0] / local[0]:.2f}x")  # fmt: skip
+        "--conf", f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}",
+        *(arg for pair in args.conf for arg in ("--conf", pair)),
+    ]  # fmt: skip
+    ratios: list[tuple[float, float]] = []
+    # One cluster for every round, started before the first one: a cluster is up before
+    # anyone submits to it, and its start is not the job's.
+    with standalone_cluster(args.dir / "cluster", cores=2, memory="2g") as cluster:
+        for round_number in range(1, args.rounds + 1):
+            print(f"round {round_number} of {args.rounds} (load {_load()})", flush=True)
+            local = _run(events, args.dir / "out-local", "local[2]")
+            print(f"local[2]: {local[0]:.1f} s end to end, job {local[1]:.1f} s", flush=True)
+            remote = _run(events, args.dir / "out-cluster", cluster.master_url, *cluster_conf)
+            print(f"cluster ({cluster.master_url}, 1 worker, 2 cores, "
+                  f"spark.sql.shuffle.partitions={LOCAL_SHUFFLE_PARTITIONS}): "
+                  f"{remote[0]:.1f} s end to end, job {remote[1]:.1f} s")  # fmt: skip
+            ratios.append((remote[1] / local[1], remote[0] / local[0]))
+            print(f"ratio cluster/local: job {ratios[-1][0]:.2f}x, "
+                  f"end to end {ratios[-1][1]:.2f}x", flush=True)  # fmt: skip
+    if len(ratios) > 1:
+        jobs = sorted(job for job, _ in ratios)
+        ends = sorted(end for _, end in ratios)
+        print(f"median of {len(ratios)} rounds (load {_load()}): job "
+              f"{statistics.median(jobs):.2f}x ({jobs[0]:.2f}-{jobs[-1]:.2f}), end to end "
+              f"{statistics.median(ends):.2f}x ({ends[0]:.2f}-{ends[-1]:.2f})")  # fmt: skip
     return 0
 
 

@@ -98,11 +98,22 @@ def _wait_port(host: str, port: int, timeout_s: float, process: subprocess.Popen
     raise RuntimeError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
 
 
-def _wait_log(path: Path, text: str, timeout_s: float, process: subprocess.Popen[bytes]) -> None:
+def _log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _wait_log(
+    path: Path, text: str, timeout_s: float, process: subprocess.Popen[bytes], offset: int
+) -> None:
+    """Wait for ``text`` in what ``process`` appended to ``path`` after ``offset`` (a reused
+    work directory's log holds the lines of earlier clusters)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
+        if path.exists():
+            with path.open("rb") as log:
+                log.seek(offset)
+                if text in log.read().decode(errors="replace"):
+                    return
         if process.poll() is not None:
             raise RuntimeError(f"the Spark process exited with {process.returncode}")
         time.sleep(0.2)
@@ -221,6 +232,7 @@ def standalone_cluster(
         worker_env = {**base_env, "SPARK_LOCAL_IP": cluster.worker_address}
         worker_dir = work_dir / "worker"
         worker_dir.mkdir(exist_ok=True)
+        worker_log_offset = _log_size(work_dir / "worker.log")
         start = (
             f"mount -t tmpfs pidgate-hidden {cluster.hidden_dir} && exec {spark_class} "
             f"org.apache.spark.deploy.worker.Worker --host {cluster.worker_address} "
@@ -243,7 +255,13 @@ def standalone_cluster(
             ],
         )
         cluster.processes.append(worker)
-        _wait_log(work_dir / "worker.log", "Successfully registered with master", 90, worker)
+        _wait_log(
+            work_dir / "worker.log",
+            "Successfully registered with master",
+            90,
+            worker,
+            worker_log_offset,
+        )
         yield cluster
     finally:
         _stop(cluster)
