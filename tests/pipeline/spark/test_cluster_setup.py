@@ -4,6 +4,7 @@ raised by a real Python worker (on the shared local session)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import socket
 import subprocess
@@ -57,7 +58,13 @@ def test_the_archive_is_built_once_and_holds_pidgate(
     assert {"pidgate/pipeline/jobs/footprint.py", "mmh3.cpython-311-x86_64-linux-gnu.so"} & names
     assert "pidgate/pipeline/jobs/footprint.py" in names and "pandas/__init__.py" in names
     assert not any(n.startswith(("pyspark/", "py4j/")) for n in names)
-    assert not any("/tests/" in n or n.endswith(".pyc") for n in names)
+    assert not any("/tests/" in n for n in names)
+    # Bytecode for this interpreter beside each shipped module, none the driver had lying about.
+    tag = sys.implementation.cache_tag
+    assert f"pandas/__pycache__/__init__.{tag}.pyc" in names
+    assert f"pidgate/pipeline/jobs/__pycache__/footprint.{tag}.pyc" in names
+    compiled = [n for n in names if n.endswith(".pyc")]
+    assert all(importlib.util.source_from_cache(n) in names for n in compiled)
     # pyarrow without what no executor loads, with what every import of it needs.
     assert any(re.fullmatch(r"pyarrow/libarrow_python\.so\.\d+", n) for n in names)
     assert not any(re.fullmatch(r"pyarrow/libarrow_python\.so(\.\d+){3}", n) for n in names)

@@ -1,11 +1,14 @@
 """Pruning the executor archive cache, with real files in a temporary ``XDG_CACHE_HOME``: older
 archives beyond the kept ones and abandoned partial builds go, everything else stays, and a
-removal that fails never fails the job. No JVM and no real archive build (the shipped packages
-are replaced by one small file)."""
+removal that fails never fails the job; the archive's bytecode is what an interpreter runs. No
+JVM and no real archive build (the shipped packages are replaced by small files)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -168,3 +171,38 @@ def test_the_line_names_the_default_cache_under_home(
     assert capsys.readouterr().err == (
         "removed 1 older executor archive (0 MB) from ~/.cache/pidgate/spark-env\n"
     )
+
+
+def test_the_archive_carries_bytecode_the_interpreter_uses_without_the_source(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Executors unpack the archive afresh for every application: without bytecode in it,
+    # each Python worker compiled pandas, pyarrow and pidgate again.
+    package = tmp_path / "src" / "pg_shipped"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("ANSWER = 'from the archive'\n")
+    (package / "later.py").write_text("def f(:\n")  # only another Python compiles it
+    monkeypatch.setattr(shipping, "shipped_distributions", lambda: [])
+    monkeypatch.setattr(
+        shipping,
+        "_pidgate_files",
+        lambda: [(package / name, f"pg_shipped/{name}") for name in ("__init__.py", "later.py")],
+    )
+    unpacked = tmp_path / "executor"
+    with tarfile.open(executor_archive()) as archive:
+        names = archive.getnames()
+        archive.extractall(unpacked, filter="data")
+    tag = sys.implementation.cache_tag
+    assert f"pg_shipped/__pycache__/__init__.{tag}.pyc" in names
+    assert not [name for name in names if name.startswith("pg_shipped/__pycache__/later.")]
+    # Unchecked: the bytecode is used as it is, whatever the source beside it now says.
+    (unpacked / "pg_shipped" / "__init__.py").write_text("ANSWER = 'compiled again'\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "import pg_shipped; print(pg_shipped.ANSWER)"],
+        cwd=unpacked,
+        env={**os.environ, "PYTHONPATH": str(unpacked), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "from the archive"
