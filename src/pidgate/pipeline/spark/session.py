@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -142,13 +144,46 @@ def _shipped_archive(options: ClusterOptions) -> str | None:
     return f"{executor_archive()}#{ARCHIVE_ALIAS}"
 
 
+# The thread adding pidgate's archive in the background, joined before the session stops.
+_adding_archive: threading.Thread | None = None
+_ARCHIVE_REGISTERED_WAIT_S = 30.0
+
+
 def _ship_archive(session: SparkSession, archive: str) -> None:
     """Add pidgate's archive for the executors, which fetch and unpack it before their first
-    task. Added here rather than through ``spark.archives``, which the driver unpacks before
-    it asks for any executor (with a local master spark-submit unpacked it a second time:
-    +14 s measured for a 120 MB archive); added after the start, the driver unpacks it once
-    (3-4 s for 75 MB) while the workers launch their executors."""
-    session.sparkContext.addArchive(archive)
+    task; return once Spark lists it (so every task from now on gets it).
+
+    Not through ``spark.archives``, which the driver unpacks before it asks for any executor
+    (with a local master spark-submit unpacked it a second time: +14 s measured for a 120 MB
+    archive). ``addArchive`` registers the archive first and then copies and unpacks the
+    driver's own copy, which nothing on the driver reads: 3-4 s of a cluster run's start
+    for 75 MB on the 2-core machine. So it runs on a thread while the workers launch the
+    executors, and this returns as soon as the archive is registered."""
+    global _adding_archive
+    context = session.sparkContext
+    failures: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            context.addArchive(archive)
+        except BaseException as error:  # reported below or by stop_session
+            failures.append(error)
+
+    thread = threading.Thread(target=add, name="pidgate-add-archive", daemon=True)
+    thread.start()
+    _adding_archive = thread
+    deadline = time.monotonic() + _ARCHIVE_REGISTERED_WAIT_S
+    while not context.listArchives and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if failures and not context.listArchives:
+        raise InputError(f"could not add pidgate's archive {archive} to the session: {failures[0]}")
+
+
+def _wait_for_archive() -> None:
+    global _adding_archive
+    if _adding_archive is not None:
+        _adding_archive.join(_ARCHIVE_REGISTERED_WAIT_S)
+        _adding_archive = None
 
 
 def spark_session(
@@ -237,6 +272,7 @@ def remote_session(
 def stop_session() -> None:
     """Stop the active SparkSession, if there is one; a JVM recording its classes
     (:mod:`~pidgate.pipeline.spark.driver_jvm`) ends, and its archive is saved."""
+    _wait_for_archive()  # its thread calls into the session
     session = SparkSession.getActiveSession()
     if session is not None:
         session.stop()
