@@ -131,7 +131,13 @@ def _start_spark(
 
         progress.stage("checking the executors (Python, packages, local paths) ...")
         try:
-            hosts = check_executors(spark, master, prepared["local_paths"], shipped=args.ship)
+            hosts = check_executors(
+                spark,
+                master,
+                prepared["local_paths"],
+                shipped=args.ship,
+                through_arrow=not JOBS[args.job].rdd_tasks,
+            )
         except BaseException:
             from pidgate.pipeline.spark.session import stop_session
 

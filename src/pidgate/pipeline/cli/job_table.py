@@ -329,11 +329,14 @@ def _run_snapshots(
 class Job(NamedTuple):
     """What runs one job: its checks before Spark starts (raising InputError; the values they
     found, for ``run``), then the job on Spark (its report's path, or None when it printed its
-    own result); why it cannot run on Spark Connect (None: it can)."""
+    own result); why it cannot run on Spark Connect (None: it can); whether its Python tasks
+    are RDD ones (else DataFrame ones: ``mapInArrow``, pandas UDFs), which the executor check
+    runs its probe as, so that the job reuses the probe's Python workers."""
 
     prepare: Callable[[argparse.Namespace], dict[str, Any]]
     run: Callable[[Any, argparse.Namespace, dict[str, Any], Any], Any]
     connect_refusal: str | None = None
+    rdd_tasks: bool = False
 
 
 # Spark Connect has no SparkContext: no RDDs, parallelize or mapPartitions.
@@ -394,7 +397,7 @@ JOB_COMMANDS: tuple[Command[Job], ...] = (
             _OUTPUT,
             _SPARK,
         ),
-        handler=Job(_prepare_footprint, _run_footprint, _RDD_SEGMENTS),
+        handler=Job(_prepare_footprint, _run_footprint, _RDD_SEGMENTS, rdd_tasks=True),
     ),
     Command(
         "snapshots",
@@ -407,7 +410,7 @@ JOB_COMMANDS: tuple[Command[Job], ...] = (
             ),
             _SPARK,
         ),
-        handler=Job(_prepare_snapshots, _run_snapshots, _RDD_SEGMENTS),
+        handler=Job(_prepare_snapshots, _run_snapshots, _RDD_SEGMENTS, rdd_tasks=True),
     ),
 )
 #: What runs each job, by name.
