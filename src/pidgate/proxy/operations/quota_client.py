@@ -33,6 +33,7 @@ from pidgate.protocol.client_quotas.entities import (
     OUR_KEYS,
     PRODUCER_IDS_RATE,
 )
+from pidgate.proxy.kafka_admin import open_admin_client
 from pidgate.proxy.upstream_check import describe_error
 from pidgate.proxy.with_block import WithBlock
 
@@ -121,11 +122,10 @@ class QuotaClient(WithBlock):
     def __init__(
         self, bootstrap: Sequence[str], security: dict[str, Any], timeout_ms: int = 30_000
     ) -> None:
-        from kafka.admin import KafkaAdminClient
         from kafka.errors import KafkaError
 
         try:
-            self._admin = KafkaAdminClient(
+            self._admin = open_admin_client(
                 bootstrap_servers=list(bootstrap),
                 client_id="pidgate-quotas",
                 request_timeout_ms=timeout_ms,

@@ -52,6 +52,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pidgate.protocol.produce import ProduceRequestSummary
+from pidgate.proxy.kafka_admin import open_admin_client
 from pidgate.proxy.logs import get_logger
 from pidgate.proxy.quota_control.admission import ProduceContext
 from pidgate.proxy.quota_control.cluster_clients import cluster_client_config
@@ -409,7 +410,7 @@ class FleetSync:
         while time.monotonic() < deadline and not self._stopping.is_set():
             admin: KafkaAdminClient | None = None
             try:
-                admin = KafkaAdminClient(**self._client_config(deadline))
+                admin = open_admin_client(**self._client_config(deadline))
                 with contextlib.suppress(TopicAlreadyExistsError):
                     admin.create_topics(
                         {

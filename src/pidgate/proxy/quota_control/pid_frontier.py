@@ -44,10 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from kafka import KafkaAdminClient
 from kafka.errors import KafkaError, for_code
 from kafka.protocol.producer import InitProducerIdRequest
 
+from pidgate.proxy.kafka_admin import open_admin_client
 from pidgate.proxy.upstream_check import describe_error
 
 __all__ = [
@@ -270,11 +270,16 @@ class FrontierProber:
         self._client_id = client_id
         self._lock = threading.Lock()
         self._admin: Any = None
+        # Set by close(): a probe still running on a worker thread when the proxy stops must
+        # not open a new client (and its network thread) after the last close.
+        self._closed = False
 
     def _client(self, timeout_ms: int) -> Any:
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the frontier prober is closed (pidgate is stopping)")
             if self._admin is None:
-                self._admin = KafkaAdminClient(
+                self._admin = open_admin_client(
                     bootstrap_servers=self._bootstrap,
                     client_id=self._client_id,
                     bootstrap_timeout_ms=max(100, timeout_ms),
@@ -285,6 +290,12 @@ class FrontierProber:
             return self._admin
 
     def close(self) -> None:
+        """Close the client for good: a probe after this (or still running) fails."""
+        with self._lock:
+            self._closed = True
+        self._drop_client()
+
+    def _drop_client(self) -> None:
         with self._lock:
             admin, self._admin = self._admin, None
         if admin is not None:
@@ -329,7 +340,7 @@ class FrontierProber:
         except Exception as error:  # run_probe reports failures; a bug guard
             result = FrontierResult(None, f"probe failed: {describe_error(error)}")
         if result.frontier is None:
-            self.close()  # start afresh next time
+            self._drop_client()  # start afresh next time
         return result
 
 

@@ -39,6 +39,7 @@ from kafka.errors import (
     TopicAlreadyExistsError,
 )
 
+from pidgate.proxy.kafka_admin import open_admin_client
 from pidgate.proxy.logs import get_logger
 from pidgate.proxy.quota_control.cluster_clients import cluster_client_config
 from pidgate.proxy.upstream_check import describe_error
@@ -289,7 +290,7 @@ class SharedQuotaStore:
         while time.monotonic() < deadline and not self._stopping.is_set():
             admin: KafkaAdminClient | None = None
             try:
-                admin = KafkaAdminClient(**self._client_config(deadline))
+                admin = open_admin_client(**self._client_config(deadline))
                 self._create_topic(admin)
                 self._check_cleanup_policy(admin)
                 return
