@@ -166,7 +166,7 @@ def _ship_archive(session: SparkSession, archive: str) -> None:
     def add() -> None:
         try:
             context.addArchive(archive)
-        except BaseException as error:  # reported below or by stop_session
+        except BaseException as error:  # raised below if Spark never listed the archive
             failures.append(error)
 
     thread = threading.Thread(target=add, name="pidgate-add-archive", daemon=True)
