@@ -12,6 +12,7 @@ too many hashes, rows that do not fit the bits) raise instead of reading out of 
 from __future__ import annotations
 
 import os
+import types
 
 import mmh3
 import pytest
@@ -24,6 +25,7 @@ from pidgate.quota import bloom, compiled, layered
 from pidgate.quota.bloom import UNIVERSAL_MODULUS, pure_universal_positions
 from pidgate.quota.layer_plan import LayerPlan
 from pidgate.quota.layered import LayeredBloomFilter
+from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy
 
 from ..compiled_modules import import_compiled, needs, printed_by_fresh_interpreter
 
@@ -268,3 +270,124 @@ def test_a_bitarray_in_use_by_the_writes_is_not_left_locked() -> None:
         COMPILED.set_positions(bits, 60, 64, 3, pure_universal_positions(1, 3))
     bits += zeros(64)
     assert len(bits) == 128
+
+
+# -- the known-PID check (QuotaManager.admit_known) --------------------------------------------
+
+
+def _manager(check: str, window_num: int, fresh_divisor_plan: bool) -> QuotaManager:
+    """A manager whose ``admit`` asks the compiled (``check="compiled"``) or the pure
+    known-PID check first, whichever path this process runs."""
+    manager = QuotaManager(
+        QuotaPolicy(
+            window_ms=1000,
+            window_num=window_num if fresh_divisor_plan else 1,
+            min_layer_items=3,  # tiny layers: saturation rolls layers early too
+            max_layer_items=3,
+            user_producer_ids_rates={"alice": 4, "bob": 4},  # anyone else: unlimited
+        )
+    )
+    if check == "compiled":
+        assert COMPILED is not None
+        manager.admit_known = types.MethodType(COMPILED.admit_known, manager)  # type: ignore[method-assign]
+    else:
+        manager.admit_known = manager.admit_known_pure  # type: ignore[method-assign]
+    return manager
+
+
+def _state(manager: QuotaManager, now_ms: int) -> object:
+    """Everything a decision could have changed: each principal's layers, bucket and place in
+    the recently-used order, and the location cache."""
+    # Filters are numbered process-wide (``uid``): the cache is compared by whose filter.
+    owners = {state.seen.uid: name for name, state in manager._principals.items()}
+    locations = {
+        pid: (owners.get(uid, "gone"), serial, cached_ms)
+        for pid, (uid, serial, cached_ms) in manager._positions_cache.items()
+    }
+    return (
+        manager.export(),
+        [record.principal for record in manager.export()],
+        locations,
+        manager.snapshot(now_ms),
+    )
+
+
+# A request: (ms since the previous one, principal, PIDs). Few PIDs, so most repeat.
+KNOWN_REQUESTS = st.lists(
+    st.tuples(
+        st.sampled_from([0, 0, 1, 7, 120, 300, 499, 501, 1000]),
+        st.sampled_from(["alice", "bob", "unlimited"]),
+        st.lists(st.integers(0, 12), max_size=4),
+    ),
+    min_size=1,
+    max_size=120,
+)
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(
+    requests=KNOWN_REQUESTS,
+    window_num=st.integers(1, 11),
+    fresh_divisor_plan=st.booleans(),
+    as_tuple=st.booleans(),
+)
+def test_admit_decides_and_changes_the_same_with_either_known_pid_check(
+    requests: list[tuple[int, str, list[int]]],
+    window_num: int,
+    fresh_divisor_plan: bool,
+    as_tuple: bool,
+) -> None:
+    """The same requests through ``admit`` with the compiled and with the pure known-PID check
+    ahead of it: the same decisions and the same state after each, and each check answers
+    what the other would have (asked of a copy taken just before)."""
+    compiled = _manager("compiled", window_num, fresh_divisor_plan)
+    pure = _manager("pure", window_num, fresh_divisor_plan)
+    now_ms = 1_000_000
+    for step_ms, principal, pids in requests:
+        now_ms += step_ms
+        producer_ids = tuple(pids) if as_tuple else pids
+        assert compiled.admit_known(principal, producer_ids, now_ms) == pure.admit_known(
+            principal, producer_ids, now_ms
+        )
+        assert _state(compiled, now_ms) == _state(pure, now_ms)
+        assert compiled.admit(principal, producer_ids, now_ms) == pure.admit(
+            principal, producer_ids, now_ms
+        )
+        assert _state(compiled, now_ms) == _state(pure, now_ms)
+
+
+@needs_compiled
+def test_the_known_pid_check_admits_a_cached_pid_and_touches_its_layer() -> None:
+    """A PID admitted a moment ago: the compiled check says known and renews its layer's last
+    use (what keeps a producing PID known); a PID never seen, another principal's, or one
+    asked after the layer went stale, is left to ``admit``."""
+    manager = _manager("compiled", 4, True)
+    assert manager.admit("alice", [7], 1_000_000) == Admitted((7,), 0)
+    assert manager.admit_known("alice", [7], 1_000_050) is False  # not cached yet: admit scans
+    assert manager.admit("alice", [7], 1_000_050) == Admitted((), 0)  # found, and cached
+    assert manager.admit_known("alice", [7], 1_000_100) is True
+    layer = manager.export()[0].layers[-1]
+    assert layer.last_write_ms == 1_000_100
+    assert manager.admit_known("alice", [8], 1_000_100) is False
+    assert manager.admit_known("bob", [7], 1_000_100) is False
+    assert manager.admit_known("alice", [7, 8], 1_000_100) is False
+    # A layer is fresh for half a window (LayerPlan.fresh_divisor): then only admit refreshes.
+    assert manager.admit_known("alice", [7], 1_000_499) is True
+    assert manager.admit_known("alice", [7], 1_000_500) is False
+    assert manager.export()[0].layers[-1].last_write_ms == 1_000_499
+
+
+@needs_compiled
+def test_a_malformed_location_is_refused_and_a_serial_out_of_range_is_not_read() -> None:
+    manager = _manager("compiled", 4, True)
+    manager.admit("alice", [7], 1_000_000)
+    manager.admit("alice", [7], 1_000_000)
+    uid, _, cached_ms = manager._positions_cache[7]
+    manager._positions_cache[7] = (uid, 10**6, cached_ms)  # no such layer: not read
+    assert manager.admit_known("alice", [7], 1_000_001) is False
+    manager._positions_cache[7] = (uid, -5, cached_ms)
+    assert manager.admit_known("alice", [7], 1_000_001) is False
+    manager._positions_cache[7] = (uid, 0)  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="location cache entry"):
+        manager.admit_known("alice", [7], 1_000_001)

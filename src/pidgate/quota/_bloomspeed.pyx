@@ -1,13 +1,16 @@
 # cython: language_level=3, boundscheck=True, wraparound=False
 """The compiled twin of the layered Bloom filter's per-PID arithmetic (issue "native").
 
-Owns three functions, each giving exactly what its pure-Python original gives (the tests feed
+Owns four functions, each giving exactly what its pure-Python original gives (the tests feed
 both the same PIDs and layers): :func:`universal_positions` (``bloom.universal_positions``:
 Murmur3 x64-128 of the PID's 8 big-endian bytes, then the double hashing mod 105·2**32),
-:func:`find` (``LayeredBloomFilter.find`` for filters without restored off-ladder layers) and
-:func:`set_positions` (the bit writes of ``LayeredBloomFilter.add``). Why: a new PID costs one
-hash, one scan of every live layer and one write, ~18 µs of interpreted big-integer arithmetic
-and bit indexing per PID, the largest part of the new-PID path (issue #25's profile).
+:func:`find` (``LayeredBloomFilter.find`` for filters without restored off-ladder layers),
+:func:`set_positions` (the bit writes of ``LayeredBloomFilter.add``) and :func:`admit_known`
+(``QuotaManager.admit_known_pure``: the known-PID check of every Produce). Why: a new PID costs
+one hash, one scan of every live layer and one write, ~18 µs of interpreted big-integer
+arithmetic and bit indexing per PID, the largest part of the new-PID path (issue #25's
+profile); a known PID costs two interpreted frames, three dict lookups and a layer touch on
+every Produce of every producer, the quota's share of the known-PID path.
 
 Pure like the rest of ``pidgate.quota``: no clocks, I/O or logging. Every bit read or written
 is checked against the buffer's length first (an out-of-range index raises IndexError, as
@@ -15,6 +18,8 @@ bitarray itself would).
 """
 
 from cpython.array cimport array
+from cpython.dict cimport PyDict_GetItemWithError
+from cpython.ref cimport PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport int64_t, uint64_t
@@ -203,3 +208,70 @@ def set_positions(bits, uint64_t offset, uint64_t bit_count, int hash_count, tup
             data[index >> 3] |= <unsigned char>(0x80 >> (index & 7))
     finally:
         PyBuffer_Release(&view)
+
+
+cdef inline Py_ssize_t _fresh_row(
+    dict cache, object producer_id, int64_t uid, int64_t first_serial, Py_ssize_t rows,
+    const long long* row, int64_t now_ms, int64_t window_ms, int64_t fresh_divisor,
+) except -2:
+    """The row offset of the layer the location cache names for ``producer_id``, when that
+    entry is this filter's (``uid``), not from the future, and its layer is held, live and
+    fresh (``LayeredBloomFilter.is_fresh``); else -1."""
+    cdef PyObject* entry = PyDict_GetItemWithError(cache, producer_id)
+    if entry is NULL:
+        return -1
+    cdef tuple where = <tuple>entry
+    if len(where) != 3:
+        raise ValueError("a location cache entry is not (uid, serial, ms cached)")
+    if <int64_t>where[0] != uid or now_ms < <int64_t>where[2]:
+        return -1
+    cdef int64_t serial = where[1]
+    if serial < first_serial or (serial - first_serial) * 6 + 6 > rows:
+        return -1
+    cdef Py_ssize_t base = <Py_ssize_t>((serial - first_serial) * 6)
+    if row[base + 1] + window_ms <= now_ms or (now_ms - row[base]) * fresh_divisor >= window_ms:
+        return -1
+    return base
+
+
+def admit_known(manager, principal, producer_ids, int64_t now_ms) -> bool:
+    """``QuotaManager.admit_known_pure`` compiled (bound as ``QuotaManager.admit_known``): when
+    every PID is where the manager's location cache says, in a fresh layer of ``principal``'s
+    filter, touch those layers, mark the principal recently used and return True; otherwise
+    return False having changed nothing (``admit`` decides)."""
+    if not producer_ids:
+        return False
+    cdef object principals = manager._principals
+    if not isinstance(principals, dict):
+        raise TypeError("the manager's principals are not a dict")
+    cdef PyObject* found = PyDict_GetItemWithError(principals, principal)
+    if found is NULL:
+        return False
+    seen = (<object>found).seen
+    # Expiry is due: admit() runs it first (it may drop the cached layer).
+    if now_ms >= <int64_t>seen.next_check_ms:
+        return False
+    cdef dict cache = manager._positions_cache
+    cdef int64_t uid = seen.uid
+    cdef array meta = seen._meta
+    cdef int64_t first_serial = seen._first
+    plan = seen.plan
+    cdef int64_t window_ms = plan.window_ms
+    cdef int64_t fresh_divisor = plan.fresh_divisor
+    cdef Py_ssize_t rows = len(meta)
+    cdef long long* row = meta.data.as_longlongs
+    cdef Py_ssize_t base
+    # Every PID first (nothing changes unless all are known), then the touches.
+    for producer_id in producer_ids:
+        if _fresh_row(
+            cache, producer_id, uid, first_serial, rows, row, now_ms, window_ms, fresh_divisor
+        ) < 0:
+            return False
+    for producer_id in producer_ids:
+        base = _fresh_row(
+            cache, producer_id, uid, first_serial, rows, row, now_ms, window_ms, fresh_divisor
+        )
+        if now_ms > row[base + 1]:
+            row[base + 1] = now_ms
+    principals.move_to_end(principal)
+    return True

@@ -46,6 +46,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from .bucket import TokenBucket
+from .compiled import bloomspeed
 from .layered import ABSENT, LayeredBloomFilter
 from .policy import QuotaPolicy
 from .principal_table import PrincipalTable, TrackedPrincipal
@@ -123,6 +124,44 @@ class QuotaManager(PrincipalTable):
             state.would_reject_requests += 1
             state.would_reject_ids += producer_id_count
 
+    def admit_known_pure(
+        self, principal: str, producer_ids: Collection[int], now_ms: int
+    ) -> bool:
+        """The known-PID check every Produce of a busy producer ends in: True when each of
+        ``producer_ids`` is where the location cache says, in a fresh layer of ``principal``'s
+        filter; those layers are then touched and the principal marked recently used, exactly
+        what :meth:`admit` does for such a request before it returns ``Admitted((), 0)``.
+        Otherwise False, having changed nothing: :meth:`admit` decides (also when expiry is
+        due, or when a PID is not cached: it scans). :meth:`admit_known` is this, compiled
+        where ``quota._bloomspeed`` is built (the same answer and the same changes)."""
+        state = self._principals.get(principal)
+        if state is None or not producer_ids:
+            return False
+        seen = state.seen
+        if now_ms >= seen.next_check_ms:
+            return False
+        cache = self._positions_cache
+        uid = seen.uid
+        serials = []
+        for pid in producer_ids:
+            cached = cache.get(pid)
+            if (
+                cached is None
+                or cached[0] != uid
+                or now_ms < cached[2]
+                or not seen.is_fresh(cached[1], now_ms)
+            ):
+                return False
+            serials.append(cached[1])
+        for serial in serials:
+            seen.touch(serial, now_ms)
+        self._principals.move_to_end(principal)
+        return True
+
+    #: :meth:`admit_known_pure`, compiled where it runs: the Gatekeeper asks it first, so a
+    #: known PID's Produce runs no interpreted frame in the quota (issue #25).
+    admit_known = bloomspeed.admit_known if bloomspeed is not None else admit_known_pure
+
     def admit(
         self,
         principal: str,
@@ -137,7 +176,7 @@ class QuotaManager(PrincipalTable):
         ``pre_enforcement``: PIDs the caller knows were grandfathered (the backtest replays the
         event log's ``admitted_grandfathered`` events through it); unknown ones are admitted
         free like those the principal's own enforcement grandfathers."""
-        if not producer_ids:
+        if not producer_ids or self.admit_known(principal, producer_ids, now_ms):
             return _ADMITTED_EMPTY
         state = self._principals.get(principal)
         if state is None:

@@ -118,6 +118,20 @@ class Gatekeeper:
         see :meth:`check_producer_ids`."""
         return self.check_producer_ids(context, request.producer_ids(), lambda: request)
 
+    def admits_known(self, principal: str, producer_ids: Collection[int]) -> bool:
+        """True when the quota finds every one of ``producer_ids`` (a non-empty collection)
+        known and fresh where it last saw it (``QuotaManager.admit_known``): the request is
+        admitted with nothing new, so there is nothing to tell an observer and no summary to
+        build. False otherwise, with nothing changed; also when the quota raises: then
+        :meth:`check_producer_ids`, which the caller asks next, meets the error again and
+        applies the failure policy. The first question of every Produce carrying PIDs, so the
+        steady state of busy producers runs no interpreted quota code (issue #25)."""
+        self.decided_at_ms = now_ms = time.time_ns() // 1_000_000  # quota_clock_ms(), inline
+        try:
+            return self.quota.admit_known(principal, producer_ids, now_ms)
+        except Exception:  # check_producer_ids reports it and applies the failure policy
+            return False
+
     def check_producer_ids(
         self,
         context: ProduceContext,

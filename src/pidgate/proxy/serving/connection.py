@@ -432,35 +432,17 @@ class ClientConnection(asyncio.BufferedProtocol):
             # pidgate does the same, so nothing is ever charged to, or hidden behind, a name
             # the broker has not accepted.
             raise ProtocolError("Produce before SASL authentication completed")
-        if producer_ids:
-            context = self._produce_context
-            if context is None or context.client_id != self.client_id:
-                context = self._produce_context = ProduceContext(
-                    principal=self.principal,
-                    client_id=self.client_id,
-                    client_software_name=self.client_software.name,
-                    peer=self.peer,
-                    node_id=self.node_id,
-                )
-            summary = LazySummary(body, api_version)
-            guard = self._order_guard
-            if guard.withheld and guard.overtakes(summary()):
-                # An idempotent batch behind one rejected here: a broker would fail it too
-                # (OUT_OF_ORDER_SEQUENCE), and the client retries both in order.
-                self._produce_gate.reject_behind(api_version, correlation_id, summary(), context)
-                return None
-            decision = self._context.gatekeeper.check_producer_ids(context, producer_ids, summary)
-            if isinstance(decision, Rejected):
-                self._produce_gate.refuse(
-                    request, api_version, correlation_id, summary(), context, decision, producer_ids
-                )
-                return None
-            if isinstance(decision, WouldReject):  # observe mode: forwarded (observe.py)
-                self._produce_gate.log_throttled(
-                    context, decision.rejected, event="pid_would_throttle"
-                )
-            if guard.withheld:
-                guard.admitted(summary())
+        if (
+            producer_ids
+            # A busy producer's PIDs, known where the quota last saw them: admitted, nothing
+            # to tell (the steady state; compiled, issue #25). Else the whole decision.
+            and (
+                self._order_guard.withheld
+                or not self._context.gatekeeper.admits_known(self.principal, producer_ids)
+            )
+            and not self._admitted(request, body, api_version, correlation_id, producer_ids)
+        ):
+            return None
         if acks == 0:
             self._acks0_ids.append(correlation_id)
         else:
@@ -468,6 +450,45 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._slots.append(slot)
             self._awaiting_upstream.append(slot)
         return request
+
+    def _admitted(
+        self,
+        request: Frame,
+        body: memoryview,
+        api_version: int,
+        correlation_id: int,
+        producer_ids: tuple[int, ...],
+    ) -> bool:
+        """The quota's whole decision on a Produce carrying PIDs: True to forward it, False
+        when it was answered here (rejected, held, or behind a batch rejected here)."""
+        assert self.principal is not None
+        context = self._produce_context
+        if context is None or context.client_id != self.client_id:
+            context = self._produce_context = ProduceContext(
+                principal=self.principal,
+                client_id=self.client_id,
+                client_software_name=self.client_software.name,
+                peer=self.peer,
+                node_id=self.node_id,
+            )
+        summary = LazySummary(body, api_version)
+        guard = self._order_guard
+        if guard.withheld and guard.overtakes(summary()):
+            # An idempotent batch behind one rejected here: a broker would fail it too
+            # (OUT_OF_ORDER_SEQUENCE), and the client retries both in order.
+            self._produce_gate.reject_behind(api_version, correlation_id, summary(), context)
+            return False
+        decision = self._context.gatekeeper.check_producer_ids(context, producer_ids, summary)
+        if isinstance(decision, Rejected):
+            self._produce_gate.refuse(
+                request, api_version, correlation_id, summary(), context, decision, producer_ids
+            )
+            return False
+        if isinstance(decision, WouldReject):  # observe mode: forwarded (observe.py)
+            self._produce_gate.log_throttled(context, decision.rejected, event="pid_would_throttle")
+        if guard.withheld:
+            guard.admitted(summary())
+        return True
 
     def _init_producer_id_observer(
         self, body: memoryview, api_version: int
