@@ -341,6 +341,96 @@ def t_bloom_native(data: bytes) -> None:
     )
 
 
+_known_managers: Any = None
+_KNOWN_PRINCIPALS = ("alice", "bob", "unlimited")
+#: Time steps past 15 ms, for data[1] >= 240 (most steps are data[1] % 16 ms: PIDs repeat within
+#: a fresh layer, so the known-PID check answers yes often; these age, roll and expire layers).
+_KNOWN_LONG_STEPS_MS = (
+    30,
+    120,
+    250,
+    499,
+    500,
+    501,
+    999,
+    1000,
+    1001,
+    1500,
+    2600,
+    10_000,
+    0,
+    1,
+    2,
+    3,
+)
+
+
+def _known_pid_managers() -> Any:
+    """Two managers, kept in step: one asks the compiled known-PID check, one the pure."""
+    global _known_managers
+    if _known_managers is None:
+        import types
+
+        from pidgate.quota.manager import QuotaManager, QuotaPolicy
+
+        def manager() -> QuotaManager:
+            return QuotaManager(
+                QuotaPolicy(
+                    window_ms=1000,
+                    window_num=4,
+                    min_layer_items=3,
+                    max_layer_items=3,
+                    user_producer_ids_rates={"alice": 12, "bob": 12},
+                )
+            )
+
+        compiled, pure = manager(), manager()
+        compiled.admit_known = types.MethodType(_need_compiled_quota().admit_known, compiled)  # type: ignore[method-assign]
+        pure.admit_known = pure.admit_known_pure  # type: ignore[method-assign]
+        _known_managers = [compiled, pure, 1_000_000]
+    return _known_managers
+
+
+def _need_compiled_quota() -> Any:
+    try:
+        from pidgate.quota import _bloomspeed  # type: ignore[attr-defined]
+    except ImportError as error:
+        raise RuntimeError(COMPILED_MISSING) from error
+    return _bloomspeed
+
+
+def t_known_native(data: bytes) -> None:
+    """data[0]: the principal (of alice, bob, an unlimited one; bit 7: PIDs as a tuple, else a
+    list), data[1]: the time step (``_KNOWN_LONG_STEPS_MS``), data[2]:
+    how many PIDs (0..4), then 1 byte each (PIDs 0..7, so most repeat): one Produce through
+    the compiled known-PID check (``QuotaManager.admit_known``, pidgate.quota._bloomspeed) and
+    then ``admit``, on one manager, and through the pure check on its twin, kept in step over
+    the whole run: the same answers, decisions and layers after every input."""
+    compiled, pure, now_ms = _known_pid_managers()
+    padded = data.ljust(3, b"\0")
+    principal = _KNOWN_PRINCIPALS[padded[0] % 3]
+    step = padded[1]
+    now_ms += step % 16 if step < 240 else _KNOWN_LONG_STEPS_MS[step - 240]
+    _known_managers[2] = now_ms
+    pids = [byte % 8 for byte in padded[3 : 3 + padded[2] % 5]]
+    ids = tuple(pids) if padded[0] & 0x80 else pids
+    _same_on_both(
+        "admit_known",
+        lambda: compiled.admit_known(principal, ids, now_ms),
+        lambda: pure.admit_known(principal, ids, now_ms),
+    )
+    _same_on_both(
+        "admit",
+        lambda: compiled.admit(principal, ids, now_ms),
+        lambda: pure.admit(principal, ids, now_ms),
+    )
+    _same_on_both(
+        "layers",
+        lambda: [(name, state.seen._meta) for name, state in compiled._principals.items()],
+        lambda: [(name, state.seen._meta) for name, state in pure._principals.items()],
+    )
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "framing": t_framing,
     "produce": t_produce,
@@ -359,9 +449,16 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "framing_native": t_framing_native,
     "bloom_native": t_bloom_native,
     "produce_response_native": t_produce_response_native,
+    "known_native": t_known_native,
 }
 #: Targets that need the compiled module (skipped, with COMPILED_MISSING, when it is absent).
-NATIVE_TARGETS = ("produce_native", "framing_native", "bloom_native", "produce_response_native")
+NATIVE_TARGETS = (
+    "produce_native",
+    "framing_native",
+    "bloom_native",
+    "produce_response_native",
+    "known_native",
+)
 
 # --- seeds: valid messages built with kafka-python ---------------------------------------------
 
@@ -522,6 +619,13 @@ def _native_seeds(seeds: dict[str, list[bytes]]) -> None:
     seeds["bloom_native"] += [
         struct.pack(">qBH", pid, hashes, later)
         for pid, hashes, later in ((0, 13, 0), (4999, 13, 1), (-1, 63, 6000), (2**62, 0, 65535))
+    ]
+    seeds["known_native"] += [
+        bytes([0, 0, 1, 5]),
+        bytes([0, 1, 1, 5]),
+        bytes([0x80, 2, 2, 5, 6]),
+        bytes([1, 4, 4, 5, 6, 7, 5]),
+        bytes([2, 8, 1, 9]),
     ]
     for _version, body in bodies[:: len(bodies) // 4]:
         seeds["framing_native"].append(bytes([0x3F]) + struct.pack(">i", len(body)) + body)

@@ -124,9 +124,7 @@ class QuotaManager(PrincipalTable):
             state.would_reject_requests += 1
             state.would_reject_ids += producer_id_count
 
-    def admit_known_pure(
-        self, principal: str, producer_ids: Collection[int], now_ms: int
-    ) -> bool:
+    def admit_known_pure(self, principal: str, producer_ids: Collection[int], now_ms: int) -> bool:
         """The known-PID check every Produce of a busy producer ends in: True when each of
         ``producer_ids`` is where the location cache says, in a fresh layer of ``principal``'s
         filter; those layers are then touched and the principal marked recently used, exactly
