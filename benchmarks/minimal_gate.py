@@ -149,6 +149,7 @@ def _typed_serve() -> Callable[[int, str, int], Coroutine[None, None, None]]:
     import minimal_gate_typed  # type: ignore[import-not-found]
 
     minimal_gate_typed.quota = quota
+    minimal_gate_typed.inline = "--inline" in sys.argv[3:]
     return cast(Callable[[int, str, int], Coroutine[None, None, None]], minimal_gate_typed.serve)
 
 

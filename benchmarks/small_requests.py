@@ -82,9 +82,9 @@ VALUE = b"v" * 100
 PRODUCE_VERSION = 9
 PIPELINE_DEPTH = 32
 #: The processes measured besides the floor and pidgate, when asked for.
-OTHERS = ("baseline", "minimal", "minimal_quota", "typed", "typed_quota")
+OTHERS = ("baseline", "minimal", "minimal_quota", "typed", "typed_quota", "typed_inline")
 #: The reference gates among them: raw frames only (they rewrite no endpoints).
-GATES = ("minimal", "minimal_quota", "typed", "typed_quota")
+GATES = ("minimal", "minimal_quota", "typed", "typed_quota", "typed_inline")
 #: pidgate's data paths (``--paths``); the second pidgate process, on the pure path beside the
 #: compiled one.
 PATHS = ("compiled", "pure")
@@ -532,7 +532,11 @@ def run(args: argparse.Namespace) -> str:
         if getattr(args, "minimal_gate", False):
             wanted += [("minimal", ()), ("minimal_quota", ("--quota",))]
         if getattr(args, "typed_gate", False):
-            wanted += [("typed", ("--typed",)), ("typed_quota", ("--typed", "--quota"))]
+            wanted += [
+                ("typed", ("--typed",)),
+                ("typed_quota", ("--typed", "--quota")),
+                ("typed_inline", ("--typed", "--quota", "--inline")),
+            ]
         for name, options in wanted:
             gate = Forwarder(
                 free_port(),
