@@ -366,7 +366,8 @@ _KNOWN_LONG_STEPS_MS = (
 
 
 def _known_pid_managers() -> Any:
-    """Two managers, kept in step: one asks the compiled known-PID check, one the pure."""
+    """Two managers, kept in step: one asks the compiled known-PID check and one-PID shortcut,
+    one the pure."""
     global _known_managers
     if _known_managers is None:
         import types
@@ -385,8 +386,11 @@ def _known_pid_managers() -> Any:
             )
 
         compiled, pure = manager(), manager()
-        compiled.admit_known = types.MethodType(_need_compiled_quota().admit_known, compiled)  # type: ignore[method-assign]
+        speed = _need_compiled_quota()
+        compiled.admit_known = types.MethodType(speed.admit_known, compiled)  # type: ignore[method-assign]
+        compiled.admit_single = types.MethodType(speed.admit_single, compiled)  # type: ignore[method-assign]
         pure.admit_known = pure.admit_known_pure  # type: ignore[method-assign]
+        pure.admit_single = pure.admit_single_pure  # type: ignore[method-assign]
         _known_managers = [compiled, pure, 1_000_000]
     return _known_managers
 
@@ -404,8 +408,9 @@ def t_known_native(data: bytes) -> None:
     list), data[1]: the time step (``_KNOWN_LONG_STEPS_MS``), data[2]:
     how many PIDs (0..4), then 1 byte each (PIDs 0..7, so most repeat): one Produce through
     the compiled known-PID check (``QuotaManager.admit_known``, pidgate.quota._bloomspeed) and
-    then ``admit``, on one manager, and through the pure check on its twin, kept in step over
-    the whole run: the same answers, decisions and layers after every input."""
+    then ``admit`` (which tries the compiled one-PID shortcut, ``admit_single``), on one
+    manager, and through the pure ones on its twin, kept in step over the whole run: the same
+    answers, decisions and layers after every input."""
     compiled, pure, now_ms = _known_pid_managers()
     padded = data.ljust(3, b"\0")
     principal = _KNOWN_PRINCIPALS[padded[0] % 3]

@@ -25,7 +25,7 @@ from pidgate.quota import bloom, compiled, layered
 from pidgate.quota.bloom import UNIVERSAL_MODULUS, pure_universal_positions
 from pidgate.quota.layer_plan import LayerPlan
 from pidgate.quota.layered import LayeredBloomFilter
-from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy
+from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
 
 from ..compiled_modules import import_compiled, needs, printed_by_fresh_interpreter
 
@@ -272,12 +272,12 @@ def test_a_bitarray_in_use_by_the_writes_is_not_left_locked() -> None:
     assert len(bits) == 128
 
 
-# -- the known-PID check (QuotaManager.admit_known) --------------------------------------------
+# -- the known-PID check and the one-PID miss path (QuotaManager.admit_known, admit_single) --
 
 
 def _manager(check: str, window_num: int, fresh_divisor_plan: bool) -> QuotaManager:
     """A manager whose ``admit`` asks the compiled (``check="compiled"``) or the pure
-    known-PID check first, whichever path this process runs."""
+    known-PID check and one-PID shortcut first, whichever path this process runs."""
     manager = QuotaManager(
         QuotaPolicy(
             window_ms=1000,
@@ -290,8 +290,10 @@ def _manager(check: str, window_num: int, fresh_divisor_plan: bool) -> QuotaMana
     if check == "compiled":
         assert COMPILED is not None
         manager.admit_known = types.MethodType(COMPILED.admit_known, manager)  # type: ignore[method-assign]
+        manager.admit_single = types.MethodType(COMPILED.admit_single, manager)  # type: ignore[method-assign]
     else:
         manager.admit_known = manager.admit_known_pure  # type: ignore[method-assign]
+        manager.admit_single = manager.admit_single_pure  # type: ignore[method-assign]
     return manager
 
 
@@ -332,15 +334,15 @@ KNOWN_REQUESTS = st.lists(
     fresh_divisor_plan=st.booleans(),
     as_tuple=st.booleans(),
 )
-def test_admit_decides_and_changes_the_same_with_either_known_pid_check(
+def test_admit_decides_and_changes_the_same_on_either_path(
     requests: list[tuple[int, str, list[int]]],
     window_num: int,
     fresh_divisor_plan: bool,
     as_tuple: bool,
 ) -> None:
     """The same requests through ``admit`` with the compiled and with the pure known-PID check
-    ahead of it: the same decisions and the same state after each, and each check answers
-    what the other would have (asked of a copy taken just before)."""
+    and one-PID shortcut ahead of its general path: the same decisions and the same state after
+    each, and both known-PID checks give the same answer first."""
     compiled = _manager("compiled", window_num, fresh_divisor_plan)
     pure = _manager("pure", window_num, fresh_divisor_plan)
     now_ms = 1_000_000
@@ -391,3 +393,41 @@ def test_a_malformed_location_is_refused_and_a_serial_out_of_range_is_not_read()
     manager._positions_cache[7] = (uid, 0)  # type: ignore[assignment]
     with pytest.raises(ValueError, match="location cache entry"):
         manager.admit_known("alice", [7], 1_000_001)
+
+
+@needs_compiled
+def test_the_one_pid_shortcut_admits_what_admit_would_and_leaves_the_rest() -> None:
+    """``admit_single`` (compiled): a new PID with a token and room in the newest layer is
+    admitted as new, written and cached; a PID a fresh layer holds but the cache does not is
+    admitted as known; every other case is left to ``admit``'s general path, unchanged."""
+    manager = _manager("compiled", 4, True)
+    assert manager.admit_single("alice", [1], 1_000_000) is None  # no state: admit's first
+    manager.admit("alice", [1], 1_000_000)
+    before = _state(manager, 1_000_001)
+    assert manager.admit_single("alice", {2}, 1_000_001) is None  # not a list or tuple
+    assert manager.admit_single("alice", [2, 3], 1_000_001) is None  # several PIDs
+    assert _state(manager, 1_000_001) == before
+    assert manager.admit_single("alice", (2,), 1_000_001) == (2,)
+    assert manager._positions_cache[2][1:] == (0, 1_000_001)
+    assert manager.is_known("alice", 2, 1_000_002)
+    # 4 a window, 2 taken, 1 ms of refill.
+    assert manager.snapshot(1_000_001)[0].tokens == pytest.approx(2 + 4 / 1000)
+    manager._positions_cache.clear()
+    assert manager.admit_single("alice", [2], 1_000_002) == ()  # known, not cached: cached now
+    assert 2 in manager._positions_cache
+    assert manager.admit_single("alice", [3], 1_000_003) == (3,)
+    before = _state(manager, 1_000_003)
+    assert manager.admit_single("alice", [4], 1_000_003) is None  # the layer is full (3 items)
+    assert _state(manager, 1_000_003) == before
+    assert manager.admit("alice", [4], 1_000_003) == Admitted((4,), 0)  # a new layer
+    assert len(manager.export()[0].layers) == 2
+    before = _state(manager, 1_000_004)
+    assert manager.admit_single("alice", [5], 1_000_004) is None  # no token left
+    assert _state(manager, 1_000_004) == before
+    rejected = manager.admit("alice", [5], 1_000_004)
+    assert isinstance(rejected, Rejected) and rejected.unknown_producer_ids == (5,)
+    # Past the newest layer's span (a quarter window): a new PID needs a new layer.
+    before = _state(manager, 1_000_900)
+    assert manager.admit_single("alice", [6], 1_000_900) is None
+    assert _state(manager, 1_000_900) == before
+    assert manager.admit("alice", [6], 1_000_900) == Admitted((6,), 0)

@@ -1,12 +1,14 @@
 # cython: language_level=3, boundscheck=True, wraparound=False
 """The compiled twin of the layered Bloom filter's per-PID arithmetic (issue "native").
 
-Owns four functions, each giving exactly what its pure-Python original gives (the tests feed
+Owns five functions, each giving exactly what its pure-Python original gives (the tests feed
 both the same PIDs and layers): :func:`universal_positions` (``bloom.universal_positions``:
 Murmur3 x64-128 of the PID's 8 big-endian bytes, then the double hashing mod 105·2**32),
 :func:`find` (``LayeredBloomFilter.find`` for filters without restored off-ladder layers),
-:func:`set_positions` (the bit writes of ``LayeredBloomFilter.add``) and :func:`admit_known`
-(``QuotaManager.admit_known_pure``: the known-PID check of every Produce). Why: a new PID costs
+:func:`set_positions` (the bit writes of ``LayeredBloomFilter.add``), :func:`admit_known`
+(``QuotaManager.admit_known_pure``: the known-PID check of every Produce) and
+:func:`admit_single` (``QuotaManager.admit``'s decision for one PID that is not cached, in its
+common cases: the same decision and the same changes, else nothing changed). Why: a new PID costs
 one hash, one scan of every live layer and one write, ~18 µs of interpreted big-integer
 arithmetic and bit indexing per PID, the largest part of the new-PID path (issue #25's
 profile); a known PID costs two interpreted frames, three dict lookups and a layer touch on
@@ -84,22 +86,28 @@ def murmur3_pid(producer_id: int) -> tuple[int, int]:
     return h1, h2
 
 
+cdef void _positions(int64_t producer_id, int hash_count, uint64_t* out) noexcept nogil:
+    """The first ``hash_count`` (1..64, checked by the caller) universal positions."""
+    cdef uint64_t h1, h2
+    _murmur3_pid(producer_id, &h1, &h2)
+    cdef uint64_t x = h1 % _MODULUS
+    cdef uint64_t y = h2 % _MODULUS
+    cdef int i
+    out[0] = x
+    for i in range(1, hash_count):
+        x = (x + y) % _MODULUS
+        y = (y + <uint64_t>i) % _MODULUS
+        out[i] = x
+
+
 def universal_positions(producer_id: int, int hash_count) -> tuple:
     """``bloom.universal_positions``: the first ``hash_count`` positions of the PID mod
     105·2**32."""
     if hash_count < 1 or hash_count > _MAX_HASHES:
         raise ValueError(f"hash_count {hash_count} is outside 1..{_MAX_HASHES}")
-    cdef uint64_t h1, h2
-    _murmur3_pid(producer_id, &h1, &h2)
-    cdef uint64_t x = h1 % _MODULUS
-    cdef uint64_t y = h2 % _MODULUS
-    cdef list out = [x]
-    cdef int i
-    for i in range(1, hash_count):
-        x = (x + y) % _MODULUS
-        y = (y + <uint64_t>i) % _MODULUS
-        out.append(x)
-    return tuple(out)
+    cdef uint64_t pos[64]
+    _positions(producer_id, hash_count, pos)
+    return tuple([pos[i] for i in range(hash_count)])
 
 
 cdef int _load_positions(tuple positions, uint64_t* out) except -1:
@@ -118,6 +126,62 @@ cdef inline bint _bit(const unsigned char* data, uint64_t nbits, uint64_t index)
     return (data[index >> 3] >> (7 - (index & 7))) & 1
 
 
+cdef int64_t _find(
+    const unsigned char* data,
+    uint64_t nbits,
+    const long long* row,
+    Py_ssize_t rows,
+    int64_t first_serial,
+    const uint64_t* pos,
+    int all_hashes,
+    int64_t now_ms,
+    int64_t window_ms,
+    int64_t fresh_divisor,
+) except -3:
+    """``LayeredBloomFilter.find`` over the bits and rows as C arrays (see :func:`find`)."""
+    if rows % 6:
+        raise ValueError(f"meta holds {rows} integers, not whole rows of 6")
+    # Fresh while (now - start) * divisor < window, i.e. start > fresh_after (as layered.find).
+    cdef int64_t fresh_after = now_ms + (-window_ms // fresh_divisor)
+    cdef int64_t dead_before = now_ms - window_ms
+    cdef uint64_t offset = nbits
+    cdef int64_t found = _ABSENT
+    cdef bint fresh = True
+    cdef Py_ssize_t base = rows - 6
+    cdef uint64_t m
+    cdef int k, i
+    cdef bint held
+    while base >= 0:
+        m = <uint64_t>row[base + 4]
+        if m == 0:  # a dropped layer's row
+            base -= 6
+            continue
+        if m > offset:
+            raise ValueError("meta's layer sizes exceed the bits held")
+        offset -= m
+        if fresh and row[base] <= fresh_after:
+            # Layers start in time order: this one and all older ones are not fresh.
+            if found != _ABSENT:
+                return found
+            fresh = False
+        # A fresh layer is never dead (its last write >= its start > now - window).
+        if fresh or row[base + 1] > dead_before:
+            k = <int>row[base + 5]
+            if k < 1 or k > all_hashes:
+                raise ValueError(f"layer of {k} hashes, {all_hashes} positions given")
+            held = True
+            for i in range(k):
+                if not _bit(data, nbits, offset + pos[i] % m):
+                    held = False
+                    break
+            if held:
+                if not fresh:
+                    return _STALE
+                found = first_serial + base // 6
+        base -= 6
+    return found
+
+
 def find(
     bits,
     array meta,
@@ -133,54 +197,21 @@ def find(
     restored off-ladder layer (the caller runs the pure scan for those)."""
     cdef uint64_t pos[64]
     cdef int all_hashes = _load_positions(positions, pos)
-    cdef Py_ssize_t rows = len(meta)
-    if rows % 6:
-        raise ValueError(f"meta holds {rows} integers, not whole rows of 6")
-    cdef long long* row = meta.data.as_longlongs
     cdef Py_buffer view
     PyObject_GetBuffer(bits, &view, PyBUF_SIMPLE)
-    cdef const unsigned char* data = <const unsigned char*>view.buf
-    cdef uint64_t nbits = <uint64_t>len(bits)
-    # Fresh while (now - start) * divisor < window, i.e. start > fresh_after (as layered.find).
-    cdef int64_t fresh_after = now_ms + (-window_ms // fresh_divisor)
-    cdef int64_t dead_before = now_ms - window_ms
-    cdef uint64_t offset = nbits
-    cdef int64_t found = _ABSENT
-    cdef bint fresh = True
-    cdef Py_ssize_t base = rows - 6
-    cdef uint64_t m
-    cdef int k, i
-    cdef bint held
     try:
-        while base >= 0:
-            m = <uint64_t>row[base + 4]
-            if m == 0:  # a dropped layer's row
-                base -= 6
-                continue
-            if m > offset:
-                raise ValueError("meta's layer sizes exceed the bits held")
-            offset -= m
-            if fresh and row[base] <= fresh_after:
-                # Layers start in time order: this one and all older ones are not fresh.
-                if found != _ABSENT:
-                    return found
-                fresh = False
-            # A fresh layer is never dead (its last write >= its start > now - window).
-            if fresh or row[base + 1] > dead_before:
-                k = <int>row[base + 5]
-                if k < 1 or k > all_hashes:
-                    raise ValueError(f"layer of {k} hashes, {all_hashes} positions given")
-                held = True
-                for i in range(k):
-                    if not _bit(data, nbits, offset + pos[i] % m):
-                        held = False
-                        break
-                if held:
-                    if not fresh:
-                        return _STALE
-                    found = first_serial + base // 6
-            base -= 6
-        return found
+        return _find(
+            <const unsigned char*>view.buf,
+            <uint64_t>len(bits),
+            meta.data.as_longlongs,
+            len(meta),
+            first_serial,
+            pos,
+            all_hashes,
+            now_ms,
+            window_ms,
+            fresh_divisor,
+        )
     finally:
         PyBuffer_Release(&view)
 
@@ -275,3 +306,119 @@ def admit_known(manager, principal, producer_ids, int64_t now_ms) -> bool:
             row[base + 1] = now_ms
     principals.move_to_end(principal)
     return True
+
+
+def admit_single(manager, principal, producer_ids, int64_t now_ms):
+    """``QuotaManager.admit_single``, the common case of ``admit``'s miss path compiled (the pure
+    path has no such shortcut: its ``admit`` is the reference): one PID, not where the
+    location cache says (``admit_known`` said no), of a principal with state whose expiry is
+    not due and whose filter holds no layer restored off the ladder. Returns what ``admit``
+    decides, having changed what it changes:
+
+    * ``()``: a fresh layer holds the PID (it was not cached): touched and cached, admitted;
+    * ``(pid,)``: no live layer holds it, the principal is not in a grandfathering grace
+      period, the bucket holds a token and the newest layer takes the PID without a roll: the
+      token taken, the PID written and cached, admitted as new;
+    * None: any other case (a stale copy to refresh, a grace period, no token, a layer to
+      start, several PIDs...): nothing changed, ``admit``'s general path decides.
+    """
+    if (type(producer_ids) is not tuple and type(producer_ids) is not list) or len(
+        producer_ids
+    ) != 1:
+        return None
+    cdef object principals = manager._principals
+    if not isinstance(principals, dict):
+        raise TypeError("the manager's principals are not a dict")
+    cdef PyObject* found = PyDict_GetItemWithError(principals, principal)
+    if found is NULL:
+        return None
+    state = <object>found
+    seen = state.seen
+    if now_ms >= <int64_t>seen.next_check_ms or seen._restored:
+        return None
+    producer_id = producer_ids[0]
+    cdef int64_t pid = producer_id
+    cdef int all_hashes = seen._max_hashes
+    if all_hashes < 1 or all_hashes > _MAX_HASHES:
+        raise ValueError(f"hash_count {all_hashes} is outside 1..{_MAX_HASHES}")
+    cdef uint64_t pos[64]
+    _positions(pid, all_hashes, pos)
+    cdef array meta = seen._meta
+    cdef Py_ssize_t rows = len(meta)
+    cdef long long* row = meta.data.as_longlongs
+    plan = seen.plan
+    cdef int64_t window_ms = plan.window_ms
+    cdef int64_t first_serial = seen._first
+    bits = seen._bits
+    cdef Py_buffer view
+    cdef int64_t where
+    cdef uint64_t nbits, m, offset, index
+    cdef Py_ssize_t base
+    cdef int i, k
+    PyObject_GetBuffer(bits, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
+    try:
+        nbits = <uint64_t>len(bits)
+        where = _find(
+            <const unsigned char*>view.buf, nbits, row, rows, first_serial, pos, all_hashes,
+            now_ms, window_ms, <int64_t>plan.fresh_divisor,
+        )
+        if where >= 0:
+            # Known, in a fresh layer: touch it (find() saw it fresh, so the touch holds).
+            base = <Py_ssize_t>((where - first_serial) * 6)
+            if now_ms > row[base + 1]:
+                row[base + 1] = now_ms
+            principals.move_to_end(principal)
+            _remember(manager, producer_id, seen.uid, where, now_ms)
+            return ()
+        if where != _ABSENT:
+            return None  # stale: refreshed by the general path
+        enforcement = state.enforcement
+        if enforcement is not None:
+            began_ms = enforcement.began_ms
+            if began_ms <= now_ms < began_ms + enforcement.grace_ms:
+                return None  # grandfathering may admit it free
+        # The newest layer must take the PID as it is (LayeredBloomFilter.add's conditions).
+        base = rows - 6
+        if base < 0:
+            return None
+        m = <uint64_t>row[base + 4]
+        k = <int>row[base + 5]
+        if (
+            row[base + 2] >= row[base + 3]
+            or (now_ms - row[base]) * <int64_t>plan.window_num >= window_ms
+            or row[base + 1] + window_ms <= now_ms
+            or k != <int>plan.hash_count
+            or m == 0
+            or _MODULUS % m
+        ):
+            return None
+        if k < 1 or k > all_hashes or m > nbits:
+            raise ValueError("the newest layer does not fit the positions or the bits")
+        bucket = state.bucket.try_take(1, now_ms)
+        if bucket is None:
+            return None  # rejected: the general path says for how long
+        state.bucket = bucket
+        principals.move_to_end(principal)
+        offset = nbits - m
+        data = <unsigned char*>view.buf
+        for i in range(k):
+            index = offset + pos[i] % m
+            if index >= nbits:
+                raise IndexError("bitarray index out of range")
+            data[index >> 3] |= <unsigned char>(0x80 >> (index & 7))
+        row[base + 2] += 1
+        if now_ms > row[base + 1]:
+            row[base + 1] = now_ms
+        _remember(manager, producer_id, seen.uid, first_serial + base // 6, now_ms)
+        return (producer_id,)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef int _remember(manager, producer_id, uid, int64_t serial, int64_t now_ms) except -1:
+    """``QuotaManager._remember_location``."""
+    cdef dict cache = manager._positions_cache
+    if len(cache) >= <Py_ssize_t>manager.positions_cache_size:
+        cache.clear()
+    cache[producer_id] = (uid, serial, now_ms)
+    return 0

@@ -101,6 +101,9 @@ class QuotaManager(PrincipalTable):
     """Per-principal KIP-936 producer-ID quota: the admission rule over the principals that
     :class:`PrincipalTable` keeps. Not thread-safe: one event loop owns it."""
 
+    #: Entries of the location cache before it is cleared (read by the compiled path too).
+    positions_cache_size = _POSITIONS_CACHE_SIZE
+
     def __init__(self, policy: QuotaPolicy) -> None:
         super().__init__(policy)
         #: Set by a fleet member: ``Admitted.announced_producer_ids`` is then filled in.
@@ -160,6 +163,19 @@ class QuotaManager(PrincipalTable):
     #: known PID's Produce runs no interpreted frame in the quota (issue #25).
     admit_known = bloomspeed.admit_known if bloomspeed is not None else admit_known_pure
 
+    def admit_single_pure(
+        self, principal: str, producer_ids: Collection[int], now_ms: int
+    ) -> tuple[int, ...] | None:
+        """The pure path has no shortcut for one PID that is not cached: None, :meth:`admit`'s
+        general path decides. :meth:`admit_single` is the compiled shortcut where
+        ``quota._bloomspeed`` is built: for one PID of a principal with state, either the
+        decision ``admit`` would make (``()``: known, touched; ``(pid,)``: admitted as new, its
+        token taken and its bits written without a layer roll), with the same changes, or None
+        having changed nothing (tests/quota/test_compiled.py runs both through ``admit``)."""
+        return None
+
+    admit_single = bloomspeed.admit_single if bloomspeed is not None else admit_single_pure
+
     def admit(
         self,
         principal: str,
@@ -176,6 +192,10 @@ class QuotaManager(PrincipalTable):
         free like those the principal's own enforcement grandfathers."""
         if not producer_ids or self.admit_known(principal, producer_ids, now_ms):
             return _ADMITTED_EMPTY
+        if not pre_enforcement:
+            single = self.admit_single(principal, producer_ids, now_ms)
+            if single is not None:
+                return Admitted(single, 0) if single else _ADMITTED_EMPTY
         state = self._principals.get(principal)
         if state is None:
             rate = self._policy.rate_for(principal)
@@ -335,7 +355,7 @@ class QuotaManager(PrincipalTable):
         """Cache where a known PID is (found, or just admitted). Rejected PIDs are never
         cached, so a storm of new PIDs cannot push out the producers that pass."""
         cache = self._positions_cache
-        if len(cache) >= _POSITIONS_CACHE_SIZE:
+        if len(cache) >= self.positions_cache_size:
             cache.clear()
         cache[pid] = (uid, serial, now_ms)
 
