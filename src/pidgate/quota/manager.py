@@ -35,7 +35,11 @@ Hot path: a known PID of a busy producer costs a dict lookup and one touch. A sm
 remembers, per recently seen PID, the layer it was last found in (filter ``uid``, layer serial);
 it is only used while that layer is live and fresh, which is exactly when a full scan would
 name the same layer (the scan returns the *oldest* fresh layer holding the PID, and layers
-older than a cached one never gain bits), so the cache never changes a decision.
+older than a cached one never gain bits), so the cache never changes a decision. Where
+``quota._bloomspeed`` is built, that check (``admit_known``, asked first by the Gatekeeper) and
+the miss path's common case for one PID (``admit_single``: found uncached, or new with a token
+and room in the newest layer) run compiled; each either decides as the general path would, with
+the same changes, or changes nothing and leaves the decision to it (issue #25).
 
 Memory, expiry and eviction: :mod:`pidgate.quota.principal_table`.
 """
