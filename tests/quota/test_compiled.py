@@ -72,6 +72,24 @@ def test_a_module_that_does_not_import_leaves_the_pure_path() -> None:
     assert printed_by_fresh_interpreter(code, None) == {"module": None, "positions_pure": True}
 
 
+def test_a_module_built_from_older_source_leaves_the_pure_path() -> None:
+    """A build that lacks a newer function (an in-place build left from an older checkout) is
+    not used, rather than used for some functions and failing at import for the others."""
+    code = """if True:
+        import json, sys, types
+        stale = types.ModuleType("pidgate.quota._bloomspeed")
+        stale.universal_positions = stale.find = stale.set_positions = lambda *a: None
+        sys.modules["pidgate.quota._bloomspeed"] = stale
+        from pidgate.quota import compiled, manager
+        print(json.dumps({
+            "module": compiled.bloomspeed,
+            "known_pure": manager.QuotaManager.admit_known
+            is manager.QuotaManager.admit_known_pure,
+        }))
+    """
+    assert printed_by_fresh_interpreter(code, None) == {"module": None, "known_pure": True}
+
+
 def test_this_process_uses_the_chosen_path() -> None:
     forced = os.environ.get("PIDGATE_PURE_PYTHON", "") not in ("", "0")
     if forced or COMPILED is None:
@@ -275,7 +293,14 @@ def test_a_bitarray_in_use_by_the_writes_is_not_left_locked() -> None:
 # -- the known-PID check and the one-PID miss path (QuotaManager.admit_known, admit_single) --
 
 
-def _manager(check: str, window_num: int, fresh_divisor_plan: bool) -> QuotaManager:
+def _manager(
+    check: str,
+    window_num: int,
+    fresh_divisor_plan: bool,
+    *,
+    max_principals: int = 100,
+    cache_size: int = 4096,
+) -> QuotaManager:
     """A manager whose ``admit`` asks the compiled (``check="compiled"``) or the pure
     known-PID check and one-PID shortcut first, whichever path this process runs."""
     manager = QuotaManager(
@@ -285,8 +310,11 @@ def _manager(check: str, window_num: int, fresh_divisor_plan: bool) -> QuotaMana
             min_layer_items=3,  # tiny layers: saturation rolls layers early too
             max_layer_items=3,
             user_producer_ids_rates={"alice": 4, "bob": 4},  # anyone else: unlimited
+            max_principals=max_principals,
+            grandfather_grace_ms=200,
         )
     )
+    manager.positions_cache_size = cache_size
     if check == "compiled":
         assert COMPILED is not None
         manager.admit_known = types.MethodType(COMPILED.admit_known, manager)  # type: ignore[method-assign]
@@ -309,15 +337,19 @@ def _state(manager: QuotaManager, now_ms: int) -> object:
     return (
         manager.export(),
         [record.principal for record in manager.export()],
-        locations,
+        list(locations.items()),  # in insertion order: clearing when full depends on it
         manager.snapshot(now_ms),
+        [state.seen.next_check_ms for state in manager._principals.values()],
+        manager._total_bits,
+        manager.grandfathered_count,
+        manager.evicted_principal_count,
     )
 
 
 # A request: (ms since the previous one, principal, PIDs). Few PIDs, so most repeat.
 KNOWN_REQUESTS = st.lists(
     st.tuples(
-        st.sampled_from([0, 0, 1, 7, 120, 300, 499, 501, 1000]),
+        st.sampled_from([0, 0, 0, 0, 1, 1, 2, 7, 120, 300, 499, 501, 1000]),
         st.sampled_from(["alice", "bob", "unlimited"]),
         st.lists(st.integers(0, 12), max_size=4),
     ),
@@ -333,21 +365,31 @@ KNOWN_REQUESTS = st.lists(
     window_num=st.integers(1, 11),
     fresh_divisor_plan=st.booleans(),
     as_tuple=st.booleans(),
+    max_principals=st.sampled_from([1, 2, 100]),
+    cache_size=st.sampled_from([1, 3, 4096]),
+    enforcement_at=st.sampled_from([None, 0, 5]),
 )
 def test_admit_decides_and_changes_the_same_on_either_path(
     requests: list[tuple[int, str, list[int]]],
     window_num: int,
     fresh_divisor_plan: bool,
     as_tuple: bool,
+    max_principals: int,
+    cache_size: int,
+    enforcement_at: int | None,
 ) -> None:
     """The same requests through ``admit`` with the compiled and with the pure known-PID check
     and one-PID shortcut ahead of its general path: the same decisions and the same state after
     each, and both known-PID checks give the same answer first."""
-    compiled = _manager("compiled", window_num, fresh_divisor_plan)
-    pure = _manager("pure", window_num, fresh_divisor_plan)
+    options = {"max_principals": max_principals, "cache_size": cache_size}
+    compiled = _manager("compiled", window_num, fresh_divisor_plan, **options)
+    pure = _manager("pure", window_num, fresh_divisor_plan, **options)
     now_ms = 1_000_000
-    for step_ms, principal, pids in requests:
+    for index, (step_ms, principal, pids) in enumerate(requests):
         now_ms += step_ms
+        if index == enforcement_at:  # grandfathering: a grace period (learning mode) begins
+            compiled.begin_enforcement(now_ms)
+            pure.begin_enforcement(now_ms)
         producer_ids = tuple(pids) if as_tuple else pids
         assert compiled.admit_known(principal, producer_ids, now_ms) == pure.admit_known(
             principal, producer_ids, now_ms

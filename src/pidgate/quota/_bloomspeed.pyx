@@ -251,16 +251,18 @@ cdef inline Py_ssize_t _fresh_row(
     cdef PyObject* entry = PyDict_GetItemWithError(cache, producer_id)
     if entry is NULL:
         return -1
-    cdef tuple where = <tuple>entry
-    if len(where) != 3:
+    if type(<object>entry) is not tuple or len(<tuple>entry) != 3:
         raise ValueError("a location cache entry is not (uid, serial, ms cached)")
+    cdef tuple where = <tuple>entry
     if <int64_t>where[0] != uid or now_ms < <int64_t>where[2]:
         return -1
     cdef int64_t serial = where[1]
-    if serial < first_serial or (serial - first_serial) * 6 + 6 > rows:
+    if serial < first_serial or serial - first_serial >= rows // 6:
         return -1
     cdef Py_ssize_t base = <Py_ssize_t>((serial - first_serial) * 6)
-    if row[base + 1] + window_ms <= now_ms or (now_ms - row[base]) * fresh_divisor >= window_ms:
+    # Live and fresh (is_fresh: last + window > now, (now - start) * divisor < window), written
+    # without a product or a sum that could leave 64 bits for any row a state file restores.
+    if row[base + 1] <= now_ms - window_ms or row[base] <= now_ms + (-window_ms // fresh_divisor):
         return -1
     return base
 
@@ -355,6 +357,7 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
     cdef uint64_t nbits, m, offset, index
     cdef Py_ssize_t base
     cdef int i, k
+    cdef int64_t window_num
     PyObject_GetBuffer(bits, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
     try:
         nbits = <uint64_t>len(bits)
@@ -383,10 +386,15 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
             return None
         m = <uint64_t>row[base + 4]
         k = <int>row[base + 5]
+        window_num = <int64_t>plan.window_num
+        if window_num < 1:
+            raise ValueError(f"window_num {window_num} is below 1")
+        # As add(): (now - start) * window_num >= window, last + window <= now; written
+        # without a product or a sum that could leave 64 bits.
         if (
             row[base + 2] >= row[base + 3]
-            or (now_ms - row[base]) * <int64_t>plan.window_num >= window_ms
-            or row[base + 1] + window_ms <= now_ms
+            or row[base] <= now_ms + (-window_ms // window_num)
+            or row[base + 1] <= now_ms - window_ms
             or k != <int>plan.hash_count
             or m == 0
             or _MODULUS % m

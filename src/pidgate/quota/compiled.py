@@ -15,6 +15,10 @@ import os
 from types import ModuleType
 from typing import Final
 
+#: What the compiled module must define: a build from an older source (an in-place build left
+#: behind by a checkout) lacks the newer names and is not used at all, rather than half.
+REQUIRED_NAMES = ("universal_positions", "find", "set_positions", "admit_known", "admit_single")
+
 
 def _choose() -> ModuleType | None:
     if os.environ.get("PIDGATE_PURE_PYTHON", "") not in ("", "0"):
@@ -24,6 +28,8 @@ def _choose() -> ModuleType | None:
     except ImportError:
         return None
     module: ModuleType = _bloomspeed
+    if not all(hasattr(module, name) for name in REQUIRED_NAMES):
+        return None
     return module
 
 
