@@ -103,6 +103,46 @@ def test_a_failing_error_reporter_does_not_change_the_outcome() -> None:
     assert isinstance(gate.check(CONTEXT, produce(1)), Rejected)
 
 
+class BrokenKnownCheck(QuotaManager):
+    """Fault injection: the known-PID check raises (a bug in it, compiled or pure)."""
+
+    def admit_known(self, principal: str, producer_ids: Collection[int], now_ms: int) -> bool:
+        raise RuntimeError("injected known-check failure")
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("open", None), ("closed", Rejected(1000, (7,)))])
+def test_a_failing_known_pid_check_goes_by_the_policy_once(
+    policy: QuotaFailurePolicy, expected: Rejected | None
+) -> None:
+    """The connection asks ``admits_known`` first, then the whole decision: a check that raises
+    says no there, and the decision meets the error again and applies the failure policy,
+    counted and reported once."""
+    errors: list[Exception] = []
+    gate = Gatekeeper(
+        BrokenKnownCheck(QuotaPolicy(default_producer_ids_rate=1)),
+        failure_policy=policy,
+        failure_throttle_ms=1000,
+        on_quota_error=errors.append,
+    )
+    assert gate.admits_known(CONTEXT.principal, (7,)) is False
+    assert gate.check(CONTEXT, produce(7)) == expected
+    assert gate.quota_failures == 1
+    assert [str(e) for e in errors] == ["injected known-check failure"]
+
+
+def test_a_known_pid_is_admitted_by_the_first_question_and_no_observer_hears_of_it() -> None:
+    recorder = Recorder()
+    gate = Gatekeeper(QuotaManager(QuotaPolicy(default_producer_ids_rate=1)), [recorder])
+    assert gate.admits_known(CONTEXT.principal, (7,)) is False  # never seen: the whole decision
+    gate.check(CONTEXT, produce(7))  # admitted as new (told), then found and cached:
+    gate.check(CONTEXT, produce(7))
+    told = len(recorder.decisions)
+    assert gate.admits_known(CONTEXT.principal, (7,)) is True
+    assert gate.admits_known(CONTEXT.principal, [7, 7]) is True
+    assert gate.admits_known(CONTEXT.principal, (7, 8)) is False  # 8 is new
+    assert len(recorder.decisions) == told
+
+
 def settings(policy: str, interval_ms: int = 60_000) -> Any:
     return load_settings(
         cli_overrides={
