@@ -267,23 +267,28 @@ cdef inline Py_ssize_t _fresh_row(
     return base
 
 
+cdef object _ready_state(object principals, object principal, int64_t now_ms):
+    """The principal's ``TrackedPrincipal`` in the manager's table (an ``OrderedDict``, read as
+    the dict it is), or None when it has none or its filter's expiry is due (``admit`` runs
+    that first: it may drop the layers a shortcut would read)."""
+    if not isinstance(principals, dict):
+        raise TypeError("the manager's principals are not a dict")
+    cdef PyObject* found = PyDict_GetItemWithError(principals, principal)
+    if found is NULL or now_ms >= <int64_t>(<object>found).seen.next_check_ms:
+        return None
+    return <object>found
+
+
 def admit_known(manager, principal, producer_ids, int64_t now_ms) -> bool:
     """``QuotaManager.admit_known_pure`` compiled (bound as ``QuotaManager.admit_known``): when
     every PID is where the manager's location cache says, in a fresh layer of ``principal``'s
     filter, touch those layers, mark the principal recently used and return True; otherwise
     return False having changed nothing (``admit`` decides)."""
-    if not producer_ids:
+    principals = manager._principals
+    state = _ready_state(principals, principal, now_ms) if producer_ids else None
+    if state is None:
         return False
-    cdef object principals = manager._principals
-    if not isinstance(principals, dict):
-        raise TypeError("the manager's principals are not a dict")
-    cdef PyObject* found = PyDict_GetItemWithError(principals, principal)
-    if found is NULL:
-        return False
-    seen = (<object>found).seen
-    # Expiry is due: admit() runs it first (it may drop the cached layer).
-    if now_ms >= <int64_t>seen.next_check_ms:
-        return False
+    seen = state.seen
     cdef dict cache = manager._positions_cache
     cdef int64_t uid = seen.uid
     cdef array meta = seen._meta
@@ -328,15 +333,10 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
         producer_ids
     ) != 1:
         return None
-    cdef object principals = manager._principals
-    if not isinstance(principals, dict):
-        raise TypeError("the manager's principals are not a dict")
-    cdef PyObject* found = PyDict_GetItemWithError(principals, principal)
-    if found is NULL:
-        return None
-    state = <object>found
-    seen = state.seen
-    if now_ms >= <int64_t>seen.next_check_ms or seen._restored:
+    principals = manager._principals
+    state = _ready_state(principals, principal, now_ms)
+    seen = None if state is None else state.seen
+    if seen is None or seen._restored:
         return None
     producer_id = producer_ids[0]
     cdef int64_t pid = producer_id
