@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,9 +84,15 @@ class Failover:
     restart_s: float
 
 
-def produce_through_a_failover(kafka: KafkaRun, bootstrap: str, topic: str) -> Failover:
+def produce_through_a_failover(
+    kafka: KafkaRun,
+    bootstrap: str,
+    topic: str,
+    settled: Callable[[], bool] = lambda: True,
+) -> Failover:
     """Two steady producers (librdkafka, kafka-python) on ``topic`` through ``bootstrap``; the
-    partition leader SIGKILLed once both deliver, restarted once both deliver again."""
+    partition leader SIGKILLed once both deliver (and ``settled`` holds), restarted once both
+    deliver again."""
     producers: list[SteadyProducer] = [
         RdkafkaSteady("rdkafka", topic, bootstrap),
         KafkaPythonSteady("kafkapython", topic, bootstrap),
@@ -99,6 +105,7 @@ def produce_through_a_failover(kafka: KafkaRun, bootstrap: str, topic: str) -> F
             90,
             "both steady producers to deliver before the kill",
         )
+        wait_until(settled, 60, "the proxies to settle before the kill")
         killed = leader_of(kafka.bootstrap, topic)
         kill_moment = time.monotonic()
         kafka.kill_broker(killed)
@@ -191,6 +198,24 @@ def test_gateway_failover_costs_a_steady_producer_nothing(
     report("gateway", failover)
 
 
+def fleet_caught_up(sidecars: dict[int, BackgroundProxy]) -> bool:
+    """Every sidecar has applied every fleet record the others sent: the PIDs admitted before
+    the kill are known to whichever sidecar fronts the new leader (the fleet's announcements
+    travel asynchronously; a kill right after the first deliveries could otherwise beat
+    them, and the new leader's sidecar would charge a PID the fleet had already paid for)."""
+
+    def counts(sidecar: BackgroundProxy) -> tuple[int, int]:
+        fleet = sidecar.server.fleet
+        assert fleet is not None
+        return fleet.records_sent, fleet.records_applied
+
+    seen = {node: s.call_and_wait(lambda s=s: counts(s)) for node, s in sidecars.items()}
+    return all(
+        applied >= sum(sent for other, (sent, _) in seen.items() if other != node)
+        for node, (_, applied) in seen.items()
+    )
+
+
 def test_sidecar_fleet_failover_costs_a_steady_producer_nothing(cluster: KafkaRun) -> None:
     wait_for_full_isr(cluster)  # a broker killed by an earlier test is back in every ISR
     sidecars = sidecar_fleet(cluster, f"failover-{uuid.uuid4().hex[:8]}", QUOTA)
@@ -198,7 +223,9 @@ def test_sidecar_fleet_failover_costs_a_steady_producer_nothing(cluster: KafkaRu
         topic = f"failover-sc-{uuid.uuid4().hex[:8]}"
         create_topic(cluster.bootstrap, topic)
         bootstrap = ",".join(s.bootstrap for s in sidecars.values())
-        failover = produce_through_a_failover(cluster, bootstrap, topic)
+        failover = produce_through_a_failover(
+            cluster, bootstrap, topic, settled=lambda: fleet_caught_up(sidecars)
+        )
         counters = {
             node: s.call_and_wait(lambda s=s: s.server.counters) for node, s in sidecars.items()
         }
