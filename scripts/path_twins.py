@@ -35,14 +35,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
-from kafka.record.memory_records import MemoryRecordsBuilder
+from kafka.protocol.producer.produce import ProduceResponse
 
-from pidgate.config import load_settings
-from pidgate.protocol.produce import produce_acks_and_producer_ids
-from pidgate.proxy.server import ProxyServer
-from pidgate.proxy.serving.connection import ClientConnection
-from pidgate.proxy.serving.upstream import UpstreamConnection
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the tests' Kafka builders (kafka-python, the reference)
+
+from tests.protocol.kafka_builders import BatchSpec, build_records, produce_request_body  # noqa: E402
+
+from pidgate.config import load_settings  # noqa: E402
+from pidgate.protocol.produce import produce_acks_and_producer_ids  # noqa: E402
+from pidgate.proxy.server import ProxyServer  # noqa: E402
+from pidgate.proxy.serving.connection import ClientConnection  # noqa: E402
+from pidgate.proxy.serving.upstream import UpstreamConnection  # noqa: E402
 
 
 class PathsDiffer(AssertionError):
@@ -95,36 +100,14 @@ _TOPIC = "twins"
 _CLIENT_IDS = (b"rdkafka", b"other-client", None)
 
 
-def _records(producer_id: int, epoch: int = 0) -> bytes:
-    builder = MemoryRecordsBuilder(
-        magic=2,
-        compression_type=0,
-        batch_size=1 << 16,
-        offset=0,
-        transactional=False,
-        producer_id=producer_id,
-        producer_epoch=epoch if producer_id >= 0 else -1,
-        base_sequence=0 if producer_id >= 0 else -1,
-    )
-    builder.append(timestamp=1_700_000_000_000, key=None, value=b"v" * 20)
-    builder.close()
-    return bytes(builder.buffer())
-
-
 def _produce_body(version: int, acks: int, producer_ids: tuple[int, ...]) -> bytes:
-    T = ProduceRequest.TopicProduceData
-    P = T.PartitionProduceData
-    partitions = [P(index=i, records=_records(pid)) for i, pid in enumerate(producer_ids)] or [
-        P(index=0, records=_records(-1))
+    """One topic, a partition per PID (one idempotent batch of one record each), or one
+    partition of a batch without a PID."""
+    partitions = [
+        (index, build_records([BatchSpec(2, 0, producer_id, 0, 0, False, 1)]))
+        for index, producer_id in enumerate(producer_ids or (-1,))
     ]
-    request = ProduceRequest(
-        version=version,
-        transactional_id=None,
-        acks=acks,
-        timeout_ms=30000,
-        topic_data=[T(name=_TOPIC, partition_data=partitions)],
-    )
-    return bytes(request.encode(version=version))
+    return produce_request_body(version, None, acks, 30000, [(_TOPIC, bytes(16), partitions)])
 
 
 def _header(api_key: int, version: int, client_id: bytes | None, flexible: bool) -> bytes:
