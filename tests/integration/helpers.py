@@ -360,19 +360,29 @@ class PidgateProcess:
         return self.process.pid
 
     def wait_listening(self, timeout_s: float = 20.0) -> PidgateProcess:
+        """Until both the client listener and the admin HTTP listener accept a connection.
+
+        pidgate opens the admin listener after the bootstrap one (server.start), so a test that
+        scrapes /metrics right after the client port answers could be refused (CI, stop 39).
+        """
         deadline = time.monotonic() + timeout_s
+        waiting_for = [self.listen_port, self.admin_port]
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(
                     f"pidgate exited with {self.process.returncode}: {self.log_text()[-2000:]}"
                 )
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.listen_port), 0.2),
-            ):
-                return self
+            with contextlib.suppress(OSError):
+                with socket.create_connection(("127.0.0.1", waiting_for[0]), 0.2):
+                    waiting_for.pop(0)
+                if not waiting_for:
+                    return self
+                continue
             time.sleep(0.05)
-        raise AssertionError(f"pidgate did not listen on {self.bootstrap} in {timeout_s}s")
+        raise AssertionError(
+            f"pidgate did not listen on 127.0.0.1:{waiting_for[0]} in {timeout_s}s "
+            f"(clients: {self.listen_port}, admin: {self.admin_port})"
+        )
 
     def log_text(self) -> str:
         with contextlib.suppress(OSError):

@@ -383,6 +383,13 @@ def test_every_broker_connection_is_owned_by_pidgate_and_sigterm_exits_0() -> No
             assert to_broker, "no connection to the broker at all: the check would be vacuous"
             owners = _socket_owners(to_broker)
             strangers = {inode: pids for inode, pids in owners.items() if pids != {gate.pid}}
+            if strangers and not any(strangers.values()):
+                # Sockets no process holds: closed between the two reads of /proc (the admin
+                # client's connection just above, torn down by pidgate; seen once in a run).
+                # One still open and unowned half a second later is a stranger all the same.
+                time.sleep(0.5)
+                still = _socket_owners(_established_to_port(own_broker.port) & set(strangers))
+                strangers = {inode: pids for inode, pids in still.items() if pids != {gate.pid}}
             assert strangers == {}, (
                 f"connections to the broker port not owned by pidgate (pid {gate.pid}): "
                 f"{strangers}; this process is {os.getpid()}"
