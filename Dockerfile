@@ -26,8 +26,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# gcc for pidgate's compiled per-request path (protocol/_speedups.pyx and quota/_bloomspeed.pyx,
-# built by setup.py; the image's Python has its headers). Only in this stage: the runtime image gets the built wheel.
+# gcc for pidgate's compiled per-request path (protocol/_speedups.pyx, quota/_bloomspeed.pyx and
+# proxy/serving/_express.pyx, built by setup.py; the image's Python has its headers). Only in
+# this stage: the runtime image gets the built wheel.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*

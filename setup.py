@@ -54,6 +54,7 @@ else:
         [
             Extension("pidgate.protocol._speedups", ["src/pidgate/protocol/_speedups.pyx"]),
             Extension("pidgate.quota._bloomspeed", ["src/pidgate/quota/_bloomspeed.pyx"]),
+            Extension("pidgate.proxy.serving._express", ["src/pidgate/proxy/serving/_express.pyx"]),
             Extension(
                 "pidgate.pipeline.reading._eventscan",
                 ["src/pidgate/pipeline/reading/_eventscan.pyx"],

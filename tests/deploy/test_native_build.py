@@ -32,6 +32,7 @@ def test_a_failed_compile_installs_the_pure_path(tmp_path: Path) -> None:
             "_speedups.c",
             "_eventscan.c",
             "_bloomspeed.c",
+            "_express.c",
             "__pycache__",
             "build",
         ),
@@ -57,8 +58,9 @@ def test_a_failed_compile_installs_the_pure_path(tmp_path: Path) -> None:
             str(python),
             "-c",
             "import pidgate.protocol.native as n, pidgate.protocol.framing as f; "
+            "import pidgate.proxy.serving.express as e; "
             "print(n.DATA_PATH); print(n.PURE_REASON); "
-            "print(f.cut_frames is f.pure_cut_frames)",
+            "print(f.cut_frames is f.pure_cut_frames); print(e.COMPILED)",
         ],
         env={k: v for k, v in os.environ.items() if k != "PIDGATE_PURE_PYTHON"},
         capture_output=True,
@@ -81,7 +83,8 @@ def test_a_failed_compile_installs_the_pure_path(tmp_path: Path) -> None:
     ).stdout.strip()
     assert (Path(installed) / "quota" / "bloom.py").is_file()
     assert not list((Path(installed) / "quota").glob("_bloomspeed*.so"))
-    data_path, reason, is_pure = probe.stdout.splitlines()
+    data_path, reason, is_pure, express_lane = probe.stdout.splitlines()
     assert data_path == "pure" and is_pure == "True"
+    assert express_lane == "False"  # no express lane either: every read the Python path's
     assert "pidgate.protocol._speedups is not built" in reason
     assert "apt-get install gcc python3-dev" in reason

@@ -221,10 +221,10 @@ def test_the_data_path_is_named_at_start_and_the_pure_path_forced_serves_alike(
         process.wait_listening()
         wait_until(lambda p=process: events_named(p, "pidgate_started"), 10, "started")
     (started,) = events_named(compiled, "pidgate_started")
-    assert started["data_path"] == "compiled"
+    assert started["data_path"] == "compiled" and started["express_lane"] is True
     assert events_named(compiled, "pure_python_data_path") == []
     (started,) = events_named(pure, "pidgate_started")
-    assert started["data_path"] == "pure"
+    assert started["data_path"] == "pure" and started["express_lane"] is False
     (line,) = events_named(pure, "pure_python_data_path")
     assert line["reason"] == "PIDGATE_PURE_PYTHON=1 is set" and line["level"] == "info"
     for process in (compiled, pure):

@@ -39,6 +39,7 @@ from pidgate.proxy.quota_control.room import QuotaControlRoom
 from pidgate.proxy.quota_control.waiting_room import WaitingRoom
 from pidgate.proxy.serving.connection import ClientConnection
 from pidgate.proxy.serving.context import ProxyContext
+from pidgate.proxy.serving.express import COMPILED as EXPRESS_LANE
 from pidgate.proxy.serving.flow_control import ConnectionLimits
 from pidgate.proxy.serving.identity import IdentityPolicy
 from pidgate.proxy.serving.routing import Address, BrokerRoute, Router
@@ -119,6 +120,7 @@ class ProxyServer:
             waiting_room=self._open_waiting_room(settings),
         )
         self.connection_limits = ConnectionLimits()
+        self.metrics.before_collect = self._flush_connection_counters
         #: Quota failures not yet logged (one line per logging interval says how many).
         self._quota_failures_unlogged = 0
         self._quota_failure_logged_ms: int | None = None
@@ -263,6 +265,7 @@ class ProxyServer:
         get_logger().info(
             "pidgate_started",
             data_path=native.DATA_PATH,
+            express_lane=EXPRESS_LANE,
             listen=str(listen),
             mode=self.settings.proxy.mode,
             upstream=[str(hp) for hp in self.settings.proxy.upstream],
@@ -323,6 +326,11 @@ class ProxyServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
         get_logger().info("pidgate_stopped", connections_closed=len(closing))
+
+    def _flush_connection_counters(self) -> None:
+        """Each open connection hands over what its express lane counted (before a scrape)."""
+        for conn in self.context.connections:
+            conn.flush_counters()
 
     # -- addresses ----------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ if str(SCRIPTS) not in sys.path:
 import path_twins  # noqa: E402
 
 _speedups, _NOT_BUILT = import_compiled("pidgate.protocol._speedups")
+_express, _ = import_compiled("pidgate.proxy.serving._express")
 pytestmark = needs(_speedups, _NOT_BUILT, "tests/protocol/test_native.py")
 
 PROGRAMS = 80
@@ -42,6 +43,10 @@ def test_both_paths_do_the_same_with_the_same_bytes(seed: int) -> None:
     assert coverage["responses from the broker"] > PROGRAMS
     assert coverage["produce requests rejected"] > 0
     assert coverage["connections closed"] > 0
+    # Busy producers' requests took the compiled path's express lane (compare checks the pure
+    # path's took none), reads of several requests and answers included.
+    if _express is not None:
+        assert coverage[path_twins.EXPRESS] > PROGRAMS
 
 
 def test_a_difference_is_found_and_named() -> None:

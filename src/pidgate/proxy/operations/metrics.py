@@ -64,6 +64,8 @@ DELIVERY_TIMEOUT_MS_DEFAULT: Final = 120_000
 
 #: The api key slot counting keys outside ``0 .. API_SLOTS - 1``.
 _OTHER_API: Final = API_SLOTS
+#: Produce's slot (api key 0), which ``produce_traffic`` adds to.
+PRODUCE_SLOT: Final = 0
 #: Protocol error kinds are named by pidgate's own code, but stay bounded even if one is built
 #: from input by mistake.
 _MAX_ERROR_KINDS: Final = 64
@@ -159,6 +161,9 @@ class ProxyMetrics:
         self._quota_failures = 0
         #: The event log's counters (``EventLog.stats``), when there is an event log.
         self.event_log_stats: Callable[[], Any] | None = None
+        #: Called first on every collect (the server: each connection hands over what its
+        #: express lane counted).
+        self.before_collect: Callable[[], None] | None = None
 
         # -- per user --
         # Least recently seen first, so idle users are popped from the front in O(1).
@@ -223,6 +228,28 @@ class ProxyMetrics:
                 counts = self._latency_counts[slot] = [0] * (len(LATENCY_BUCKETS_S) + 1)
             counts[bisect_left(LATENCY_BUCKETS_S, upstream_latency_s)] += 1
             self._latency_sums[slot] += upstream_latency_s
+
+    def produce_traffic(
+        self,
+        requests: int,
+        request_bytes: int,
+        response_bytes: int,
+        latency_counts: list[int],
+        latency_sum_s: float,
+    ) -> None:
+        """What a connection's express lane counted since it last handed its counts over:
+        Produce requests, their bytes, their responses' bytes and upstream latencies (bucket
+        counts as ``response`` keeps them, last = +Inf)."""
+        self._requests[PRODUCE_SLOT] += requests
+        self._request_bytes[PRODUCE_SLOT] += request_bytes
+        self._response_bytes[PRODUCE_SLOT] += response_bytes
+        if any(latency_counts):
+            counts = self._latency_counts[PRODUCE_SLOT]
+            if counts is None:
+                counts = self._latency_counts[PRODUCE_SLOT] = [0] * (len(LATENCY_BUCKETS_S) + 1)
+            for bucket, count in enumerate(latency_counts):
+                counts[bucket] += count
+            self._latency_sums[PRODUCE_SLOT] += latency_sum_s
 
     def protocol_error(self, kind: str) -> None:
         errors = self._protocol_errors
@@ -394,6 +421,8 @@ class ProxyMetrics:
         """Every metric family, built now (prometheus_client calls this on each scrape), or
         from what ``render_in_steps`` prepared."""
         prepared, self._prepared = self._prepared, None
+        if self.before_collect is not None:
+            self.before_collect()  # the connections' express-lane counts, so the scrape is exact
         if prepared is None:
             prepared = _run_to_end(self._prepare(SCRAPE_STEP_PRINCIPALS, SCRAPE_STEP_LABELS))
         now, per_user, waits = prepared

@@ -5,6 +5,9 @@ they are (identity) and how they are encrypted (TLS).
 Modules, each importing only those listed after it (``connection`` assembles the rest):
 
 - ``connection``: ``ClientConnection``, its lifecycle and the request path, top to bottom;
+- ``express`` (and the compiled ``_express``): the express lane, ``ClientConnection``'s base on
+  the compiled path: a busy producer's steady state read and answered in C, everything else
+  handed to the Python path as it came;
 - ``produce_gate``: a Produce the quota rejected: held for tokens, or answered and muted;
 - ``responses``: the response path: broker frames matched to their slots, read when pidgate
   must, written back in request order;
@@ -22,6 +25,9 @@ rejected handed to ``produce_gate`` (held, or answered into its slot) -> ``upstr
 ``write_frames`` -> the broker. Its answer: ``UpstreamConnection.data_received`` ->
 ``ResponsePath.on_upstream_frames`` (matched to the oldest slot the broker owes, transformed if
 need be) -> ``flush``: every response now first in line, written to the client in one call.
+On the compiled path the lane reads first: a read made only of Produce requests of a known PID
+with the connection's usual header, while the Python path owes nothing, is forwarded in one
+write and its answers written back as they came (``_express.pyx``).
 
 May import ``pidgate.proxy.operations``, ``pidgate.proxy.quota_control``, ``pidgate.proxy.logs``
 and the pure packages; never the server that assembles it.

@@ -24,7 +24,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from pidgate.config import Settings
 from pidgate.protocol.api_versions import (
@@ -49,6 +49,8 @@ from pidgate.proxy.quota_control.admission import (
 )
 from pidgate.proxy.quota_control.quota_admin import CLIENT_QUOTA_APIS
 from pidgate.proxy.serving.context import ProxyContext
+from pidgate.proxy.serving.express import COMPILED as EXPRESS_LANE
+from pidgate.proxy.serving.express import Lane
 from pidgate.proxy.serving.flow_control import ConnectionLimits, ConnectionWatch, ReadGate
 from pidgate.proxy.serving.identity import UnmappablePrincipalError
 from pidgate.proxy.serving.produce_gate import ProduceGate
@@ -71,7 +73,12 @@ _API_KEY_VERSION_CORRELATION = struct.Struct(">hhi")
 
 
 class ClientConnection(asyncio.BufferedProtocol):
-    """The client side; owns the upstream connection it opens."""
+    """The client side; owns the upstream connection it opens.
+
+    On the compiled path it holds an express lane (``_express.ExpressLane``) whose
+    ``get_buffer`` and ``buffer_updated`` are its own: the steady state of a busy producer
+    (known PIDs, nothing held) read and answered in C, every other read handed to the Python
+    path below (``_read``) exactly as it came."""
 
     #: The broker's frames and failures go straight to the response path: no call in between
     #: on the per-response path (``UpstreamConnection`` calls these).
@@ -121,6 +128,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._produce_header: ProduceHeader | None = None
         self._produce_gate = ProduceGate(self, context, self._responses, self._gate)
         self._order_guard = self._produce_gate.order_guard  # asked for every Produce with PIDs
+        self._lane = Lane(self)
+        if EXPRESS_LANE:
+            # The event loop binds these when it makes the transport: the lane reads first.
+            express: Any = self._lane
+            self.get_buffer = express.get_buffer  # type: ignore[method-assign]
+            self.buffer_updated = express.buffer_updated  # type: ignore[method-assign]
 
     # -- asyncio.Protocol (client side) ------------------------------------------------------
 
@@ -158,11 +171,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._connect_task = asyncio.ensure_future(self._connect_upstream())
         self._watch.start()
 
-    def get_buffer(self, sizehint: int) -> memoryview:
+    def _lend_buffer(self, sizehint: int) -> memoryview:
         # Big frames are read into buffers of their own size, in place (FrameReader).
         return self._reader.get_buffer()
 
-    def buffer_updated(self, nbytes: int) -> None:
+    def _read(self, nbytes: int) -> None:
+        """The Python path of a read: frames cut, then passed on in order (process_inbox)."""
         self.last_active_s = time.monotonic()
         if self._gate.held:
             self._gate.enforce()  # at most this one read while paused (uvloop, see ReadGate)
@@ -174,6 +188,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         if frames:
             self._inbox.extend(frames)
         self.process_inbox()
+
+    # The Python path's (an express lane, where one runs, takes the connection's reads first
+    # and hands these what it does not take).
+    get_buffer = _lend_buffer
+    buffer_updated = _read
 
     def data_received(self, data: bytes) -> None:
         """``data`` as a plain Protocol would get it (benchmarks and tests without a loop)."""
@@ -197,6 +216,7 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._lane.express_close()  # its counters to the metrics, nothing owed any more
         self._reader.release()  # a big frame cut short gives its buffer back to the loop
         if self in self._context.connections:
             self._context.connections.discard(self)
@@ -248,7 +268,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     def idle(self) -> bool:
         """No request read from the client is waiting for a response (graceful shutdown
         waits for this after ``begin_shutdown``)."""
-        return not self._slots and not self._inbox
+        return not self._slots and not self._inbox and not self._lane.express_owed
 
     @property
     def settings(self) -> Settings:
@@ -266,7 +286,20 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     @property
     def responses_owed(self) -> int:
-        return len(self._slots)
+        return len(self._slots) + self._lane.express_owed
+
+    @property
+    def express_requests_taken(self) -> int:
+        """Requests this connection's express lane took (none on the pure path)."""
+        return self._lane.requests_taken
+
+    def flush_counters(self) -> None:
+        """Hand what the express lane counted to the traffic metrics (before a scrape)."""
+        self._lane.flush_counters()
+
+    def upstream_reader(self, upstream: UpstreamConnection) -> Callable[[bytes], None] | None:
+        """What reads the broker's bytes before the Python response path (the lane's)."""
+        return self._lane.upstream_reader(upstream)
 
     def adopt_sasl_principal(self) -> None:
         """Adopt the user of the last exchange the broker accepted (KIP-368 re-authentication

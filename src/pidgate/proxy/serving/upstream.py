@@ -9,6 +9,7 @@ modules (they use this one): the client is reached through ``UpstreamClient`` on
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol, cast
 
 from pidgate.config import Settings
@@ -28,6 +29,11 @@ class UpstreamClient(Protocol):
     def settings(self) -> Settings: ...
 
     def on_upstream_frames(self, frames: list[bytes]) -> None: ...
+    def upstream_reader(self, upstream: UpstreamConnection) -> Callable[[bytes], None] | None:
+        """What reads the broker's bytes instead of ``decode_and_pass`` (the compiled express
+        lane's reader, which hands it what it does not take), or None."""
+        ...
+
     def fail_upstream(self, event: str, reason: str) -> None: ...
     def on_upstream_lost(self) -> None: ...
     def on_upstream_backpressure(self, full: bool) -> None:
@@ -45,6 +51,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._high = settings.write_buffer_high_bytes
         self.gate = ReadGate()
         self.transport: asyncio.Transport | None = None
+        reader = client.upstream_reader(self)
+        if reader is not None:
+            # Set before the transport exists: the event loop binds data_received then.
+            self.data_received = reader  # type: ignore[method-assign, assignment]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
@@ -52,7 +62,8 @@ class UpstreamConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self._high, low=self._high // 4)
         self.gate.attach(transport)
 
-    def data_received(self, data: bytes) -> None:
+    def decode_and_pass(self, data: bytes) -> None:
+        """The broker's bytes cut into frames and handed to the client's response path."""
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as error:
@@ -60,6 +71,8 @@ class UpstreamConnection(asyncio.Protocol):
             return
         if frames:
             self._client.on_upstream_frames(frames)
+
+    data_received = decode_and_pass
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._client.on_upstream_lost()

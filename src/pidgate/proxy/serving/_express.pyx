@@ -1,0 +1,439 @@
+# cython: language_level=3, boundscheck=True, wraparound=False, cdivision=False
+"""The express lane (issue "native"): a client connection's steady state in C.
+
+Owns ``ExpressLane``, the lane a ``connection.ClientConnection`` holds on the compiled path
+(its ``get_buffer`` and ``buffer_updated`` are the connection's, so the event loop reads into
+it first), and ``UpstreamReader``, what the broker side's ``data_received`` becomes. The
+pure-Python twin is ``express.PureLane`` (no lane: every read takes the Python path);
+``express`` chooses, as ``pidgate.protocol.native`` chose.
+
+The lane takes a read only while the Python path holds nothing for its connection: no response
+owed in a ``Slot``, no request waiting in the inbox, no reason to pause reading, no frame half
+read, no batch withheld by the order rule, no SASL exchange sending bare tokens, a principal,
+and a Produce header seen before on this connection. Then every complete frame of the read must
+be a Produce with that same header (client_id and tagged fields: the correlation id aside),
+acks other than 0, whose PIDs (if any) the quota finds known where it last saw them
+(``QuotaManager.admit_known``: admitted, nothing to tell an observer), with room under
+``max_in_flight_requests``. If every frame is such a Produce, the frames are written to the
+broker in one ``write``, each is remembered in a ring (correlation id, version, when sent) and
+counted in C counters; a partial frame at the end goes to the Python reader. If any frame is
+not, the lane has written nothing and the whole read goes to the Python path, which decides
+every frame as it would have without the lane (the known-PID question asked again for the
+frames before the first that failed changes nothing twice: it marks PIDs seen at the same
+instant). So the bytes out, the decisions and the errors are the Python path's, read for read
+(``scripts/path_twins.py`` compares both paths over seeded random and malformed programs).
+
+The broker's answers to ring entries are matched in C (correlation id, and from Produce v10 no
+KIP-951 node_endpoints to rewrite) and written to the client as they came, when every complete
+frame of the read is such an answer; otherwise the ring is *spilled*: each entry becomes the
+``Slot`` the Python path would have made, in front of any slot (ring entries are always older:
+the lane only runs while no slot is owed), and the Python path takes the read. The C counters
+reach ``TrafficObserver.produce_traffic`` when the metrics are collected, at a spill and when
+the connection closes.
+
+Safety: every read of a buffer is behind a bounds check on the same frame's size; the scratch
+buffer is zeroed once consumed, as ``FrameReader`` does. Must not import: logging, structlog,
+prometheus_client (the counters are handed to the metrics object, never written to it here).
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t
+from libc.string cimport memcmp, memmove, memset
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+
+from pidgate.protocol._speedups cimport _produce_response_passes, _walk
+
+from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S
+from pidgate.proxy.serving.records import PRODUCE, Slot
+
+#: Ring entries at most per connection (below ``max_in_flight_requests``, the Python path
+#: takes the requests past it).
+cdef int RING_CAPACITY = 1024
+cdef int MAX_LATENCY_BUCKETS = 32
+cdef int FIRST_WALKED_VERSION = 3
+cdef int LAST_WALKED_VERSION = 13
+cdef int FIRST_NODE_ENDPOINTS_VERSION = 10  # KIP-951: Produce responses may carry endpoints
+cdef Py_ssize_t SIZE_PREFIX = 4
+cdef Py_ssize_t REQUEST_HEADER_FIXED = 8  # api_key, api_version, correlation_id
+
+
+cdef inline int16_t _i16(const uint8_t* p) noexcept nogil:
+    return <int16_t>((<unsigned int>p[0] << 8) | p[1])
+
+
+cdef inline int32_t _i32(const uint8_t* p) noexcept nogil:
+    return <int32_t>(
+        (<unsigned int>p[0] << 24) | (<unsigned int>p[1] << 16)
+        | (<unsigned int>p[2] << 8) | <unsigned int>p[3]
+    )
+
+
+cdef inline int64_t _now_ns(int clock) noexcept nogil:
+    cdef timespec now
+    clock_gettime(clock, &now)
+    return <int64_t>now.tv_sec * 1_000_000_000 + now.tv_nsec
+
+
+cdef class ExpressLane:
+    """A ``ClientConnection``'s reads and its broker's answers while the connection's Python
+    path holds nothing (see the module docstring)."""
+
+    # The connection, and its objects that never change after its __init__. What changes
+    # (closed, principal, transport, the upstream, the Produce header, last_active_s) is read
+    # and written on the connection itself (``me`` below). The lane is an object the
+    # connection holds, not its base class: a Python class built on an extension type loses
+    # the interpreter's fast attribute access (3.11 specialises plain instances' __dict__
+    # only), which cost the Python path 2 µs per new-PID request when we tried it.
+    cdef object _conn
+    cdef object _x_context, _x_slots, _x_awaiting, _x_inbox, _x_reader, _x_order_guard
+    cdef object _x_sasl, _x_gate, _x_held
+    #: Requests the lane took, since the connection opened (tests and the twin harness).
+    cdef readonly long long requests_taken
+
+    cdef object _scratch, _scratch_view
+    cdef Py_ssize_t _max_frame_bytes, _max_response_frame_bytes
+    cdef int _max_in_flight, _ring_capacity, _ring_head, _ring_count
+    cdef int32_t* _ring_correlation_id
+    cdef int16_t* _ring_version
+    cdef int64_t* _ring_sent_ns
+    # Counted here, handed to the metrics by flush_counters.
+    cdef int64_t _requests, _request_bytes, _response_bytes
+    cdef int _latency_bucket_count
+    cdef double _latency_bounds_s[32]
+    cdef int64_t _latency_counts[33]
+    cdef double _latency_sum_s
+
+    def __cinit__(self, *args):
+        self._ring_correlation_id = NULL
+        self._ring_version = NULL
+        self._ring_sent_ns = NULL
+        self._ring_capacity = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self._ring_correlation_id)
+        PyMem_Free(self._ring_version)
+        PyMem_Free(self._ring_sent_ns)
+
+    def __init__(self, connection):
+        """``connection``'s lane; made at the end of its __init__ (its fields are set)."""
+        cdef int index
+        me = self._conn = connection
+        proxy = me._settings.proxy
+        cdef bytearray scratch = me._context.read_scratch
+        cdef int max_in_flight_requests = proxy.max_in_flight_requests
+        self._x_context = me._context
+        self._x_slots = me._slots
+        self._x_awaiting = me._awaiting_upstream
+        self._x_inbox = me._inbox
+        self._x_reader = me._reader
+        self._x_order_guard = me._order_guard
+        self._x_sasl = me._sasl
+        self._x_gate = me._gate
+        self._x_held = me._gate.held
+        self._scratch = scratch
+        self._scratch_view = memoryview(scratch)
+        self._max_in_flight = max_in_flight_requests
+        self._max_frame_bytes = proxy.max_frame_bytes
+        self._max_response_frame_bytes = proxy.max_response_frame_bytes
+        capacity = min(max_in_flight_requests, RING_CAPACITY)
+        self._ring_correlation_id = <int32_t*>PyMem_Malloc(capacity * sizeof(int32_t))
+        self._ring_version = <int16_t*>PyMem_Malloc(capacity * sizeof(int16_t))
+        self._ring_sent_ns = <int64_t*>PyMem_Malloc(capacity * sizeof(int64_t))
+        if (
+            self._ring_correlation_id is NULL
+            or self._ring_version is NULL
+            or self._ring_sent_ns is NULL
+        ):
+            raise MemoryError()
+        self._ring_capacity = capacity
+        if len(LATENCY_BUCKETS_S) > MAX_LATENCY_BUCKETS:
+            raise ValueError("more latency buckets than the express lane counts")
+        self._latency_bucket_count = len(LATENCY_BUCKETS_S)
+        for index in range(self._latency_bucket_count):
+            self._latency_bounds_s[index] = LATENCY_BUCKETS_S[index]
+        self._clear_counters()
+
+    cdef void _clear_counters(self) noexcept:
+        cdef int index
+        self._requests = self._request_bytes = self._response_bytes = 0
+        self._latency_sum_s = 0.0
+        for index in range(self._latency_bucket_count + 1):
+            self._latency_counts[index] = 0
+
+    # -- what the Python connection asks ------------------------------------------------------
+
+    @property
+    def express_owed(self):
+        """Responses owed for requests the lane forwarded (not yet spilled)."""
+        return self._ring_count
+
+    def flush_counters(self):
+        """Hand what the lane counted to the traffic metrics (at a scrape, a spill, a close)."""
+        cdef int index
+        if not (self._requests or self._request_bytes or self._response_bytes):
+            return
+        counts = [self._latency_counts[index] for index in range(self._latency_bucket_count + 1)]
+        self._x_context.traffic.produce_traffic(
+            self._requests, self._request_bytes, self._response_bytes, counts, self._latency_sum_s
+        )
+        self._clear_counters()
+
+    def express_close(self):
+        """The connection ended: count what was counted, forget what is owed."""
+        self.flush_counters()
+        self._ring_head = self._ring_count = 0
+
+    def upstream_reader(self, upstream):
+        """What ``upstream.data_received`` is on the compiled path."""
+        return UpstreamReader(self, upstream)
+
+    def spill(self):
+        """Every ring entry becomes the ``Slot`` the Python path would have made, oldest
+        first, ahead of every slot already owed; the Python path owns them from here."""
+        cdef int index, position
+        if not self._ring_count:
+            return
+        spilled = []
+        for index in range(self._ring_count):
+            position = (self._ring_head + index) % self._ring_capacity
+            slot = Slot(PRODUCE, self._ring_version[position], self._ring_correlation_id[position])
+            slot.sent_ns = self._ring_sent_ns[position]
+            spilled.append(slot)
+        self._ring_head = self._ring_count = 0
+        spilled.reverse()
+        self._x_slots.extendleft(spilled)
+        self._x_awaiting.extendleft(spilled)
+        self.flush_counters()
+
+    # -- asyncio.BufferedProtocol ------------------------------------------------------------
+
+    def get_buffer(self, Py_ssize_t sizehint):
+        # The shared scratch buffer unless the reader fills a big frame of its own (FrameReader).
+        if self._x_reader._big is None:
+            return self._scratch_view
+        return self._x_reader.get_buffer()
+
+    def buffer_updated(self, Py_ssize_t nbytes):
+        me = self._conn
+        if self._lane_open(me) and self._take_read(me, nbytes):
+            me.last_active_s = _now_ns(CLOCK_MONOTONIC) / 1e9
+            return
+        if self._ring_count:
+            self.spill()
+        me._read(nbytes)
+
+    # -- the lane -----------------------------------------------------------------------------
+
+    cdef bint _lane_open(self, object me) except -1:
+        """The Python path holds nothing that a read must meet first."""
+        if self._ring_capacity == 0 or self._x_held or self._x_slots or self._x_inbox:
+            return False
+        if me.closed or me.principal is None or me._produce_header is None:
+            return False
+        upstream = me._upstream
+        if upstream is None:
+            return False
+        reader = self._x_reader
+        if reader._big is not None or reader._pending:
+            return False
+        if self._x_order_guard.withheld:
+            return False
+        sasl = self._x_sasl
+        if sasl is not None and sasl.expects_raw_tokens:
+            return False
+        transport = upstream.transport
+        return transport is not None and not transport.is_closing()
+
+    cdef bint _take_read(self, object me, Py_ssize_t nbytes) except -1:
+        """True when the lane took the read (see the module docstring); False having written
+        nothing, for the Python path to take all of it."""
+        cdef bytearray scratch = self._scratch
+        cdef const uint8_t* p
+        cdef const uint8_t* frame
+        cdef const uint8_t* after
+        cdef Py_ssize_t pos = 0, size, header_bytes, after_bytes, taken_bytes = 0, tail
+        cdef int taken = 0, room, api_version, position
+        cdef int16_t acks
+        cdef int64_t now_ms = -1, sent_ns
+        cdef list producer_ids
+        if nbytes > PyByteArray_GET_SIZE(scratch) or nbytes < 0:
+            return False
+        p = <const uint8_t*>PyByteArray_AS_STRING(scratch)
+        header = me._produce_header
+        header_bytes = header.header_bytes
+        header_version = header.api_version
+        after_correlation_id = header.after_correlation_id
+        after_bytes = PyBytes_GET_SIZE(after_correlation_id)
+        if header_bytes != REQUEST_HEADER_FIXED + after_bytes:
+            return False
+        after = <const uint8_t*>PyBytes_AS_STRING(after_correlation_id)
+        room = min(self._max_in_flight, self._ring_capacity) - self._ring_count
+        while nbytes - pos >= SIZE_PREFIX:
+            size = _i32(p + pos)
+            if size < 0 or size > self._max_frame_bytes:
+                return False  # the Python reader's error
+            if nbytes - pos - SIZE_PREFIX < size:
+                break  # a frame cut short: the Python reader keeps it
+            if taken >= room or size < header_bytes:
+                return False
+            frame = p + pos + SIZE_PREFIX
+            api_version = _i16(frame + 2)
+            if (
+                _i16(frame) != PRODUCE
+                or api_version != header_version
+                or memcmp(frame + REQUEST_HEADER_FIXED, after, after_bytes) != 0
+                or not FIRST_WALKED_VERSION <= api_version <= LAST_WALKED_VERSION
+            ):
+                return False
+            producer_ids = []
+            acks = 0
+            if _walk(frame + header_bytes, size - header_bytes, api_version, &acks, producer_ids):
+                return False  # a shape the pure walk takes (or an error it raises)
+            if acks == 0:
+                return False
+            if producer_ids:
+                if now_ms < 0:
+                    now_ms = _now_ns(CLOCK_REALTIME) // 1_000_000
+                if not self._known(me.principal, producer_ids, now_ms):
+                    return False
+            position = (self._ring_head + self._ring_count + taken) % self._ring_capacity
+            self._ring_correlation_id[position] = _i32(frame + 4)
+            self._ring_version[position] = <int16_t>api_version
+            taken += 1
+            taken_bytes += SIZE_PREFIX + size
+            pos += SIZE_PREFIX + size
+        if taken == 0:
+            return False
+        # Every complete frame is the lane's: commit.
+        sent_ns = _now_ns(CLOCK_MONOTONIC)
+        for index in range(taken):
+            position = (self._ring_head + self._ring_count + index) % self._ring_capacity
+            self._ring_sent_ns[position] = sent_ns
+        self._ring_count += taken
+        self._requests += taken
+        self.requests_taken += taken
+        self._request_bytes += taken_bytes
+        me._upstream.transport.write(PyBytes_FromStringAndSize(<const char*>p, pos))
+        tail = nbytes - pos
+        if tail:
+            # The start of a frame: to the front, for the Python reader (it zeroes it).
+            memmove(<void*>p, p + pos, tail)
+            memset(<void*>(p + tail), 0, pos)
+            me._read(tail)
+        else:
+            memset(<void*>p, 0, nbytes)
+        if self._ring_count + len(self._x_slots) >= self._max_in_flight:
+            self._x_gate.pause("in_flight")
+        return True
+
+    cdef bint _known(self, object principal, list producer_ids, int64_t now_ms) except -1:
+        """``Gatekeeper.admits_known`` without its Python frame: the quota's known-PID question
+        (an error is the Python path's to meet again and report). ``admit_known`` takes any
+        collection of PIDs: the walk's list, as it came."""
+        gatekeeper = self._x_context.gatekeeper
+        gatekeeper.decided_at_ms = now_ms
+        try:
+            return bool(gatekeeper.quota.admit_known(principal, producer_ids, now_ms))
+        except Exception:
+            return False
+
+    cdef bint _take_answers(self, object me, bytes data) except -1:
+        """True when every complete frame of ``data`` answers the next ring entry and passes
+        unchanged: written to the client as it came. False having changed nothing."""
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, size, response_bytes = 0
+        cdef int taken = 0, position = self._ring_head, version, bucket, index
+        cdef int64_t now_ns
+        cdef double latency_s
+        while n - pos >= SIZE_PREFIX:
+            size = _i32(p + pos)
+            if size < 0 or size > self._max_response_frame_bytes:
+                return False  # the Python decoder's error
+            if n - pos - SIZE_PREFIX < size:
+                break
+            if taken >= self._ring_count or size < 4:
+                return False
+            if _i32(p + pos + SIZE_PREFIX) != self._ring_correlation_id[position]:
+                return False
+            version = self._ring_version[position]
+            if version >= FIRST_NODE_ENDPOINTS_VERSION and (
+                version > LAST_WALKED_VERSION
+                or not _produce_response_passes(p + pos + SIZE_PREFIX, size, version)
+            ):
+                return False
+            taken += 1
+            position = (position + 1) % self._ring_capacity
+            response_bytes += SIZE_PREFIX + size
+            pos += SIZE_PREFIX + size
+        if taken == 0:
+            return False
+        now_ns = _now_ns(CLOCK_MONOTONIC)
+        for index in range(taken):
+            position = (self._ring_head + index) % self._ring_capacity
+            latency_s = (now_ns - self._ring_sent_ns[position]) / 1e9
+            bucket = 0
+            while bucket < self._latency_bucket_count and self._latency_bounds_s[bucket] < latency_s:
+                bucket += 1
+            self._latency_counts[bucket] += 1
+            self._latency_sum_s += latency_s
+        self._ring_head = (self._ring_head + taken) % self._ring_capacity
+        self._ring_count -= taken
+        self._response_bytes += response_bytes
+        me.transport.write(data if pos == n else PyBytes_FromStringAndSize(<const char*>p, pos))
+        me.last_active_s = _now_ns(CLOCK_MONOTONIC) / 1e9
+        return True
+
+
+cdef class UpstreamReader:
+    """``data_received`` of a connection's broker side on the compiled path: answers to the
+    lane's ring in C, everything else through ``UpstreamConnection.decode_and_pass``."""
+
+    cdef ExpressLane lane
+    cdef object upstream
+
+    def __cinit__(self, ExpressLane lane, upstream):
+        self.lane = lane
+        self.upstream = upstream
+
+    def __call__(self, data):
+        cdef ExpressLane lane = self.lane
+        cdef Py_ssize_t n, pos
+        upstream = self.upstream
+        me = lane._conn
+        if (
+            lane._ring_count
+            and type(data) is bytes
+            and not lane._x_slots
+            and not lane._x_inbox
+            and not me.closed
+            and me.transport is not None
+            and not upstream._decoder._buffered
+            and lane._take_answers(me, data)
+        ):
+            n = PyBytes_GET_SIZE(data)
+            pos = _answered_bytes(data, n)
+            if pos < n:
+                lane.spill()
+                upstream.decode_and_pass(data[pos:])  # the start of a frame: kept
+            if lane._ring_count + len(lane._x_slots) >= lane._max_in_flight:
+                lane._x_gate.pause("in_flight")
+            elif "in_flight" in lane._x_held:
+                lane._x_gate.resume("in_flight")
+            return
+        if lane._ring_count:
+            lane.spill()
+        upstream.decode_and_pass(data)
+
+
+cdef Py_ssize_t _answered_bytes(bytes data, Py_ssize_t n):
+    """Where the complete frames of ``data`` end."""
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t pos = 0, size
+    while n - pos >= SIZE_PREFIX:
+        size = _i32(p + pos)
+        if size < 0 or n - pos - SIZE_PREFIX < size:
+            break
+        pos += SIZE_PREFIX + size
+    return pos
