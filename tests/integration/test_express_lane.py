@@ -194,3 +194,37 @@ def test_a_burst_past_the_in_flight_limit_is_answered_in_order(start_proxy) -> N
     status, text = http_get(admin_address(proxy), "/metrics")
     assert status == 200
     assert metric(parse_samples(text), "pidgate_requests_total", api_key="Produce") == 121
+
+
+def test_a_pipelining_producer_comes_back_to_the_lane_without_draining(start_proxy) -> None:
+    """Its requests in flight never all drain: the lane takes over the Python path's plain
+    Produce slots (it would never run again otherwise once a new PID sent a read the Python
+    way)."""
+    proxy = start_proxy(quota=anonymous_quota(10, 3600))
+    topic = unique_name("express-pipelined")
+    create_topic(proxy.bootstrap, topic)
+    known, known_epoch = init_producer_id(proxy.bootstrap)
+    fresh, fresh_epoch = init_producer_id(proxy.bootstrap)
+    depth, count = 8, 200
+    with KafkaSocket(proxy.bootstrap) as conn:
+        for sequence in range(2):  # the known PID: admitted, then cached where it is
+            conn.sendall(_frame(topic, known, known_epoch, sequence, sequence))
+            _offsets(_answers(conn, 1))
+        before = _lane_requests(proxy)
+        frames = [_frame(topic, fresh, fresh_epoch, 0, 100)] + [
+            _frame(topic, known, known_epoch, 2 + i, 101 + i) for i in range(count - 1)
+        ]
+        conn.sendall(b"".join(frames[:depth]))  # the fresh PID first: a read for Python
+        answers = []
+        for sent in range(depth, count + depth):
+            answers += _answers(conn, 1)
+            if sent < count:
+                conn.sendall(frames[sent])
+        taken = _lane_requests(proxy) - before
+    assert [c for c, *_ in answers] == list(range(100, 100 + count))
+    _offsets(answers)
+    if EXPRESS_LANE:
+        # All but the first read's: the next request found only plain Produce slots owed.
+        assert taken >= count - 2 * depth, taken
+    else:
+        assert taken == 0

@@ -7,10 +7,12 @@ it first), and ``UpstreamReader``, what the broker side's ``data_received`` beco
 pure-Python twin is ``express.PureLane`` (no lane: every read takes the Python path);
 ``express`` chooses, as ``pidgate.protocol.native`` chose.
 
-The lane takes a read only while the Python path holds nothing for its connection: no response
-owed in a ``Slot``, no request waiting in the inbox, no reason to pause reading, no frame half
-read, no batch withheld by the order rule, no SASL exchange sending bare tokens, a principal,
-and a Produce header seen before on this connection. Then every complete frame of the read must
+The lane takes a read only while the Python path holds nothing for its connection that the
+read must meet first: no request waiting in the inbox, no reason to pause reading, no frame
+half read, no batch withheld by the order rule, no SASL exchange sending bare tokens, a
+principal, a Produce header seen before on this connection, and no response owed in a ``Slot``
+but Produce requests the broker still owes a plain answer (the lane takes those over as ring
+entries, ``_absorb``: a pipelining producer never drains them all). Then every complete frame of the read must
 be a Produce with that same header (client_id and tagged fields: the correlation id aside),
 acks other than 0, whose PIDs (if any) the quota finds known where it last saw them
 (``QuotaManager.admit_known``: admitted, nothing to tell an observer), with room under
@@ -227,9 +229,12 @@ cdef class ExpressLane:
     # -- the lane -----------------------------------------------------------------------------
 
     cdef bint _lane_open(self, object me) except -1:
-        """The Python path holds nothing that a read must meet first."""
-        if self._ring_capacity == 0 or self._x_held or self._x_slots or self._x_inbox:
+        """The Python path holds nothing that a read must meet first (or only Produce
+        requests awaiting the broker's plain answer, which the lane takes over)."""
+        if self._ring_capacity == 0 or self._x_held or self._x_inbox:
             return False
+        if self._x_slots and self._ring_count:
+            return False  # ring entries are older than every slot: never both (see _absorb)
         if me.closed or me.principal is None or me._produce_header is None:
             return False
         upstream = me._upstream
@@ -246,6 +251,39 @@ cdef class ExpressLane:
         transport = upstream.transport
         return transport is not None and not transport.is_closing()
 
+    cdef bint _absorb(self) except -1:
+        """The Python path's slots become ring entries when every one of them is a Produce
+        the broker still owes and nothing but its correlation id will be read of the answer
+        (no response made here, no observer, no merge: what the lane itself would have left);
+        False, changing nothing, otherwise. Without this a pipelining producer whose requests
+        once went the Python way (a new PID, a read cut mid-frame) would never come back to
+        the lane: its slots never all drain while it keeps requests in flight."""
+        cdef int position, count
+        slots = self._x_slots
+        awaiting = self._x_awaiting
+        count = len(slots)
+        if self._ring_count or count != len(awaiting) or count > self._ring_capacity:
+            return False  # _take_read's room already kept them under the capacity
+        for slot, owed in zip(slots, awaiting):
+            if (
+                slot is not owed
+                or slot.api_key != PRODUCE
+                or slot.response is not None
+                or slot.observe is not None
+                or slot.merge is not None
+            ):
+                return False
+        position = self._ring_head
+        for slot in slots:
+            self._ring_correlation_id[position] = slot.correlation_id
+            self._ring_version[position] = slot.api_version
+            self._ring_sent_ns[position] = slot.sent_ns
+            position = (position + 1) % self._ring_capacity
+        self._ring_count = count
+        slots.clear()
+        awaiting.clear()
+        return True
+
     cdef bint _take_read(self, object me, Py_ssize_t nbytes) except -1:
         """True when the lane took the read (see the module docstring); False having written
         nothing, for the Python path to take all of it."""
@@ -254,7 +292,7 @@ cdef class ExpressLane:
         cdef const uint8_t* frame
         cdef const uint8_t* after
         cdef Py_ssize_t pos = 0, size, header_bytes, after_bytes, taken_bytes = 0, tail
-        cdef int taken = 0, room, api_version, position
+        cdef int taken = 0, room, api_version, position, owed
         cdef int16_t acks
         cdef int64_t now_ms = -1, sent_ns
         cdef list producer_ids
@@ -269,7 +307,9 @@ cdef class ExpressLane:
         if header_bytes != REQUEST_HEADER_FIXED + after_bytes:
             return False
         after = <const uint8_t*>PyBytes_AS_STRING(after_correlation_id)
-        room = min(self._max_in_flight, self._ring_capacity) - self._ring_count
+        # Ring entries first, then the Python path's slots (taken over below), then this read.
+        owed = self._ring_count + len(self._x_slots)
+        room = min(self._max_in_flight, self._ring_capacity) - owed
         while nbytes - pos >= SIZE_PREFIX:
             size = _i32(p + pos)
             if size < 0 or size > self._max_frame_bytes:
@@ -298,13 +338,15 @@ cdef class ExpressLane:
                     now_ms = _now_ns(CLOCK_REALTIME) // 1_000_000
                 if not self._known(me.principal, producer_ids, now_ms):
                     return False
-            position = (self._ring_head + self._ring_count + taken) % self._ring_capacity
+            position = (self._ring_head + owed + taken) % self._ring_capacity
             self._ring_correlation_id[position] = _i32(frame + 4)
             self._ring_version[position] = <int16_t>api_version
             taken += 1
             taken_bytes += SIZE_PREFIX + size
             pos += SIZE_PREFIX + size
         if taken == 0:
+            return False
+        if self._x_slots and not self._absorb():
             return False
         # Every complete frame is the lane's: commit.
         sent_ns = _now_ns(CLOCK_MONOTONIC)
