@@ -1,5 +1,6 @@
 # Sourced by scripts/demo and scripts/test: create .venv (once) and install pidgate into it
-# (again only when pyproject.toml changed). Needs Python >= 3.11 with venv (Debian:
+# (again only when pyproject.toml, setup.py or a compiled module's source changed: the
+# editable install compiles those only when it runs). Needs Python >= 3.11 with venv (Debian:
 # python3-venv) and nothing else.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,7 +20,8 @@ fi
 # installs the proxy alone.
 extras="${BOOTSTRAP_EXTRAS:-}"  # not $1: a sourced script sees its caller's arguments
 stamp=".venv/.pidgate-installed${extras:+-$extras}"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(find pyproject.toml setup.py src -name pyproject.toml -o -name setup.py -o -name '*.pyx' \
+  -o -name '*.pxd' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
