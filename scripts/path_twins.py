@@ -120,12 +120,18 @@ def _frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
+#: A PID the busy-producer operation may replace with one never seen, in every copy it sends
+#: (``Driver._renewed``): many new PIDs in one read, some admitted and some not.
+_RENEWED_PID = 0x7E57_0000_0000_0008
+_RENEWED_BYTES = _RENEWED_PID.to_bytes(8, "big")
+
+
 def _request_table() -> list[bytes]:
     """Whole request frames (correlation id 0): Produce v3..v11 with 0..2 PIDs from a small
     set (most repeat: known PIDs), each acks, three client ids; requests pidgate forwards
     untouched; ApiVersions v0..v2; a Produce from pidgate's future and one with a bad body."""
     table: list[bytes] = []
-    pid_sets: tuple[tuple[int, ...], ...] = ((), (5,), (6,), (5, 7), (1000 + 1,), (8,))
+    pid_sets: tuple[tuple[int, ...], ...] = ((), (5,), (6,), (5, 7), (1000 + 1,), (_RENEWED_PID,))
     for version in range(3, 12):
         flexible = version >= 9
         for acks in (1, -1, 0):
@@ -294,8 +300,10 @@ COVERAGE = (
     "produce requests rejected",
     "connections closed",
 )
-#: And, on the compiled path only, the requests its express lane took.
+#: And, on the compiled path only, the requests its express lane took and the PIDs its quota
+#: question admitted as new.
 EXPRESS = "requests the express lane took"
+EXPRESS_NEW = "new PIDs the express lane admitted"
 
 
 RATES = (1, 3, 1_000, 1_000)
@@ -339,8 +347,11 @@ class Driver:
         #: Broker bytes not yet delivered (answers cut short), and the last request sent.
         self.broker_pending = b""
         self.last_request = _REQUESTS[0]
-        #: Requests the compiled express lane took, on the connections closed so far.
-        self.requests_taken = 0
+        #: Requests the compiled express lane took, and new PIDs it admitted, on the
+        #: connections closed so far.
+        self.requests_taken = self.new_admitted = 0
+        #: PIDs handed out in place of ``_RENEWED_PID`` so far.
+        self.renewed = 0
 
     def run(self, program: bytes) -> list[tuple[Any, ...]]:
         """What a user could see after each operation of ``program``. Inside an event loop that
@@ -362,11 +373,15 @@ class Driver:
             seen.append(self.side.seen())
             if self.side.closing:
                 self.coverage["connections closed"] += 1
-                self.requests_taken += self.side.conn.express_requests_taken
+                self._count_express()
                 self.side.connect()
                 self.pending = self.broker_pending = b""
-        self.requests_taken += self.side.conn.express_requests_taken
+        self._count_express()
         return seen
+
+    def _count_express(self) -> None:
+        self.requests_taken += self.side.conn.express_requests_taken
+        self.new_admitted += self.side.conn.express_new_producer_ids
 
     def _step(self, op: int, argument: int) -> None:
         kind = op % 8
@@ -375,6 +390,8 @@ class Driver:
                 # A busy producer: its last request again, 1 to 4 times in one read (the
                 # steady state the compiled path takes in its express lane).
                 requests = [self.last_request] * (1 + argument % 4)
+                if argument & 16:
+                    requests = [self._renewed(request) for request in requests]
             else:
                 requests = [_REQUESTS[(op // 8 * 256 + argument) % len(_REQUESTS)]]
                 self.last_request = requests[0]
@@ -395,6 +412,13 @@ class Driver:
             self.side.conn.data_received(bytes([argument]) * (1 + argument))  # a bad frame
         else:
             self._answer(len(_REQUESTS), corrupt=None)  # everything owed
+
+    def _renewed(self, request: bytes) -> bytes:
+        """``request`` with a PID never seen in place of ``_RENEWED_PID``, if it carries it."""
+        if _RENEWED_BYTES not in request:
+            return request
+        self.renewed += 1
+        return request.replace(_RENEWED_BYTES, (_RENEWED_PID + self.renewed).to_bytes(8, "big"))
 
     def _numbered(self, request: bytes) -> bytes:
         """``request`` with the next correlation id (when it has room for one)."""
@@ -442,12 +466,13 @@ def record(programs: int, seed: int, operations: int, verbose: int | None) -> No
     quota = "compiled" if compiled.bloomspeed is not None else "pure"
     print(json.dumps({"path": native.DATA_PATH, "quota": quota}), flush=True)
     coverage = dict.fromkeys(COVERAGE, 0)
-    taken = 0
+    taken = new_admitted = 0
     for index in range(programs) if verbose is None else (verbose,):
         program_seed = seed * 1_000_003 + index
         driver = Driver(settings_for(program_seed), coverage)
         seen = driver.run(program_for(program_seed, operations))
         taken += driver.requests_taken
+        new_admitted += driver.new_admitted
         # From what the last operation left (the quota decisions' rejected counts), not from
         # the metrics now: callbacks the connection scheduled ran when the loop stopped.
         coverage["produce requests rejected"] += (
@@ -457,7 +482,10 @@ def record(programs: int, seed: int, operations: int, verbose: int | None) -> No
             print(json.dumps([index, [_digest(s) for s in seen]]), flush=True)
         else:
             print(json.dumps([index, seen]), flush=True)
-    print(json.dumps({"coverage": coverage, "express": taken}), flush=True)
+    print(
+        json.dumps({"coverage": coverage, "express": taken, "express_new": new_admitted}),
+        flush=True,
+    )
 
 
 def _record_in(
@@ -492,7 +520,8 @@ def _record_in(
     header, records, footer = lines[0], lines[1:-1], lines[-1]
     if header["path"] != path or header["quota"] != path:
         raise RuntimeError(f"asked for the {path} path, the process ran {header}")
-    return records, {**footer["coverage"], EXPRESS: footer["express"]}
+    express = {EXPRESS: footer["express"], EXPRESS_NEW: footer["express_new"]}
+    return records, {**footer["coverage"], **express}
 
 
 def compare(programs: int, seed: int = 0, operations: int = 300) -> tuple[int, dict[str, int]]:
@@ -501,8 +530,8 @@ def compare(programs: int, seed: int = 0, operations: int = 300) -> tuple[int, d
     naming the first program, operation and what a user would see differ."""
     compiled, compiled_coverage = _record_in("compiled", programs, seed, operations)
     pure, pure_coverage = _record_in("pure", programs, seed, operations)
-    express = compiled_coverage.pop(EXPRESS)
-    if pure_coverage.pop(EXPRESS):
+    express = {name: compiled_coverage.pop(name) for name in (EXPRESS, EXPRESS_NEW)}
+    if pure_coverage.pop(EXPRESS) or pure_coverage.pop(EXPRESS_NEW):
         raise PathsDiffer("the pure path's connections took requests in an express lane")
 
     def full_record(path: str, index: int, step: int) -> list[Any]:
@@ -514,7 +543,7 @@ def compare(programs: int, seed: int = 0, operations: int = 300) -> tuple[int, d
         raise PathsDiffer(
             f"the paths made different things happen: {compiled_coverage} against {pure_coverage}"
         )
-    return compared, {**compiled_coverage, EXPRESS: express}
+    return compared, {**compiled_coverage, **express}
 
 
 def compare_records(ours: list[Any], theirs: list[Any], full_record: Any, where: str) -> int:

@@ -4,15 +4,20 @@ Proves: a busy producer's steady state (its PID known, the same Produce header, 
 goes through the lane on the compiled path, and nothing a user sees changes: every response
 comes back in request order with the broker's answer (offsets one after another: each record
 stored once), the metrics count every request, byte and upstream latency exactly at a scrape;
-a new PID inside a pipelined burst hands the burst to the Python path (the quota decides it)
-and the lane takes the next one; with ``max_in_flight_requests`` below the burst, reading
-pauses and resumes and every request is answered in order. On the pure path (CI's second pass)
-the same assertions hold with the lane taking nothing.
+new PIDs inside a pipelined burst are admitted in the lane (the quota's compiled shortcut)
+and told to the observers as the Python path tells them: the metrics count them, the event
+log has each one's line with its topic and partition; during a grandfathering grace period
+the shortcut declines, a burst with a new PID goes the Python way and the lane takes the next;
+with ``max_in_flight_requests`` below the burst, reading pauses and resumes and every request
+is answered in order. On the pure path (CI's second pass) the same assertions hold with the
+lane taking nothing.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,6 +56,18 @@ def _lane_requests(proxy: BackgroundProxy) -> int:
         try:
             return sum(
                 conn.express_requests_taken for conn in list(proxy.server.context.connections)
+            )
+        except RuntimeError:
+            time.sleep(0.01)
+    raise AssertionError("the connection set kept changing")
+
+
+def _lane_new_producer_ids(proxy: BackgroundProxy) -> int:
+    """PIDs the express lanes of the proxy's open connections admitted as new."""
+    for _ in range(10):
+        try:
+            return sum(
+                conn.express_new_producer_ids for conn in list(proxy.server.context.connections)
             )
         except RuntimeError:
             time.sleep(0.01)
@@ -125,10 +142,65 @@ def _renumbered(frame: bytes, correlation_id: int) -> bytes:
     return frame[:8] + correlation_id.to_bytes(4, "big") + frame[12:]
 
 
-def test_a_new_pid_inside_a_burst_goes_the_python_way_and_the_lane_takes_the_next(
+def test_new_pids_inside_a_burst_are_admitted_in_the_lane_and_told_to_the_observers(
+    start_proxy, tmp_path: Path
+) -> None:
+    # No grace period: the quota's compiled shortcut decides a new PID at once.
+    quota = {**anonymous_quota(10, 3600), "grandfather_grace_ms": 0}
+    proxy = start_proxy(quota=quota, event_log={"directory": str(tmp_path)})
+    topic = unique_name("express-new")
+    create_topic(proxy.bootstrap, topic)
+    known, known_epoch = init_producer_id(proxy.bootstrap)
+    fresh = [init_producer_id(proxy.bootstrap) for _ in range(4)]
+    with KafkaSocket(proxy.bootstrap) as conn:
+        for sequence in range(2):  # the known PID: admitted, then cached where it is
+            conn.sendall(_frame(topic, known, known_epoch, sequence, sequence))
+            _offsets(_answers(conn, 1))
+        before = _lane_requests(proxy)
+        # 16 pipelined: the known PID's, with each fresh PID's first batch among them.
+        frames = [_frame(topic, known, known_epoch, 2 + i, 0) for i in range(12)]
+        for index, (producer_id, epoch) in enumerate(fresh):
+            frames.insert(1 + 3 * index, _frame(topic, producer_id, epoch, 0, 0))
+        frames = [_renumbered(frame, 10 + i) for i, frame in enumerate(frames)]
+        conn.sendall(b"".join(frames))
+        answers = _answers(conn, 16)
+        taken = _lane_requests(proxy) - before
+        admitted_in_lane = _lane_new_producer_ids(proxy)
+    assert [c for c, *_ in answers] == list(range(10, 26))
+    _offsets(answers)  # every one admitted and stored
+    if EXPRESS_LANE:
+        assert (taken, admitted_in_lane) == (16, 4)
+    else:
+        assert (taken, admitted_in_lane) == (0, 0)
+    status, text = http_get(admin_address(proxy), "/metrics")
+    assert status == 200
+    assert metric(parse_samples(text), "pidgate_producer_ids_new_total", user="ANONYMOUS") == 5
+    # The event log's line for each new PID names its batch's topic and partition: the lane
+    # handed the observers the request itself, not only the decision.
+    deadline = time.monotonic() + 10
+    while True:  # the event log's writer flushes every second
+        events = [
+            json.loads(line)
+            for path in sorted(tmp_path.glob("pidgate-events-*.jsonl"))
+            for line in path.read_text().splitlines()
+        ]
+        admitted = {e["producer_id"]: e for e in events if e["event"] == "admitted_new"}
+        if len(admitted) == 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sorted(admitted) == sorted([known] + [pid for pid, _ in fresh])
+    for producer_id, epoch in fresh:
+        line = admitted[producer_id]
+        assert (line["topic"], line["partition"], line["producer_epoch"]) == (topic, 0, epoch)
+
+
+def test_in_a_grace_period_a_new_pid_sends_its_burst_the_python_way_and_the_lane_takes_the_next(
     start_proxy,
 ) -> None:
-    proxy = start_proxy(quota=anonymous_quota(10, 3600))
+    # During a grandfathering grace period (here an hour) a new PID may pass free: the quota's
+    # compiled shortcut leaves the decision to the Python path.
+    quota = {**anonymous_quota(10, 3600), "grandfather_grace_ms": 3_600_000}
+    proxy = start_proxy(quota=quota)
     topic = unique_name("express-mixed")
     create_topic(proxy.bootstrap, topic)
     known, known_epoch = init_producer_id(proxy.bootstrap)

@@ -24,6 +24,9 @@ class StormDecisionTracker:
     Produce request rejected, at most ``max_clients`` of them. Runs on the proxy's loop; read
     from the main thread."""
 
+    #: Reads the context's client_id, never the request (admission.reads_request).
+    reads_request = False
+
     def __init__(self, client_prefix: str, max_clients: int) -> None:
         self._prefix = client_prefix
         self._max_clients = max_clients

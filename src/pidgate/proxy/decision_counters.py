@@ -26,6 +26,9 @@ MAX_CLIENT_SOFTWARE_KEPT = 100
 class DecisionCounters:
     """Running totals of quota decisions (a ``DecisionObserver``)."""
 
+    #: Counts the decision, never reads the request (admission.reads_request).
+    reads_request = False
+
     new_producer_ids_admitted: int = 0
     produce_requests_rejected: int = 0
     rejected_producer_ids: set[int] = field(default_factory=set)

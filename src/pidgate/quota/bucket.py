@@ -78,15 +78,18 @@ class TokenBucket:
 
     def try_take(self, n: int, now_ms: int) -> TokenBucket | None:
         """The bucket after taking ``n`` tokens at ``now_ms``, or None if it holds fewer."""
-        current = self.refill(now_ms)
-        need = n * self.window_ms
-        if need > current.level:
+        # refill() inlined: one bucket made per new PID, not two (every admitted new PID takes
+        # a token here; issue #25's profile).
+        rate, window_ms, level, updated_ms = self.rate, self.window_ms, self.level, self.updated_ms
+        if now_ms > updated_ms:
+            level = min(rate * window_ms, level + (now_ms - updated_ms) * rate)
+            updated_ms = now_ms
+        need = n * window_ms
+        if need > level:
             return None
-        if need == 0:
-            return current
-        return TokenBucket(
-            current.rate, current.window_ms, current.level - need, current.updated_ms
-        )
+        if need == 0 and updated_ms == self.updated_ms:
+            return self
+        return TokenBucket(rate, window_ms, level - need, updated_ms)
 
     def debit(self, n: int, now_ms: int) -> TokenBucket:
         """The bucket after another fleet member took ``n`` tokens at ``now_ms``: never refused,

@@ -119,6 +119,9 @@ class ProxyMetrics:
     ``/metrics`` body.
     """
 
+    #: Counts decisions per user, never reads the request (admission.reads_request).
+    reads_request = False
+
     def __init__(
         self,
         quota: QuotaManager,

@@ -4,7 +4,8 @@ which error code a rejected client gets, and the seam through which decisions ar
 observe mode gets ``WouldReject`` where enforcement would reject (proxy/quota_control/observe.py).
 
 Owns: ``Gatekeeper`` (including the quota failure policy: what happens to a Produce request when
-the quota manager itself raises), ``rejection_error_code``, the ``DecisionObserver`` protocol.
+the quota manager itself raises), ``rejection_error_code``, the ``DecisionObserver`` protocol
+(and ``reads_request``: which observers need the request's full walk).
 Must not import ``serving``, ``operations`` or the server (they call it), nor any IO.
 """
 
@@ -76,9 +77,25 @@ QuotaFailurePolicy = Literal["open", "closed"]
 
 
 class DecisionObserver(Protocol):
+    """Told of every rejection and of every admission with something new (a new, refreshed or
+    grandfathered PID). An observer whose ``on_decision`` never reads ``request`` says so with
+    a class attribute ``reads_request = False`` (see :func:`reads_request`)."""
+
     def on_decision(
         self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
     ) -> None: ...
+
+
+#: What observers that never read the request get when none of the told observers reads it:
+#: the request's full walk is a fifth of a new PID's cost (issue #25's profile), and the
+#: metrics and counters only count the decision.
+UNREAD_REQUEST = ProduceRequestSummary(transactional_id=None, acks=0, timeout_ms=0, topics=())
+
+
+def reads_request(observer: object) -> bool:
+    """Whether ``observer`` reads the request summary it is given: True unless its class says
+    ``reads_request = False`` (an observer that does not say is given the real summary)."""
+    return bool(getattr(observer, "reads_request", True))
 
 
 class Gatekeeper:
@@ -96,6 +113,9 @@ class Gatekeeper:
     ) -> None:
         self.quota = quota
         self._observers = tuple(observers)
+        #: Whether a told observer needs the request's full walk (else it is never made for
+        #: an admission; a rejection makes it anyway, for its answer).
+        self._request_read = any(reads_request(observer) for observer in self._observers)
         self._would_reject_observers = would_reject_observers(self._observers)
         self._on_observer_error = on_observer_error
         self.observer_errors = 0
@@ -144,7 +164,9 @@ class Gatekeeper:
         None when it carries none (never throttled); ``WouldReject`` (forward it) where the
         principal is in observe mode and enforcement would reject it. ``summarize`` builds the
         request's full summary, asked for only when an observer is told (a new, refreshed,
-        grandfathered or rejected PID): the steady state of known PIDs never builds it.
+        grandfathered or rejected PID) that reads it (:func:`reads_request`): the steady state of
+        known PIDs never builds it, nor does a new PID's admission with only the metrics and
+        counters told.
 
         Should the quota manager raise, the failure policy decides instead: None (forward, fail
         open) or a ``Rejected`` of ``failure_throttle_ms`` (fail closed). Either way the error
@@ -186,13 +208,34 @@ class Gatekeeper:
                 or decision.grandfathered_producer_ids
             )
         if told:
-            request = summarize()
-            for observer in self._observers:
-                try:
-                    observer.on_decision(context, request, decision)
-                except Exception as error:
-                    self._observer_failed(observer, error)
+            self._tell(context, decision, summarize)
         return decision
+
+    def tell_admitted_new(
+        self,
+        context: ProduceContext,
+        new_producer_ids: tuple[int, ...],
+        summarize: Callable[[], ProduceRequestSummary],
+    ) -> None:
+        """The quota admitted ``new_producer_ids`` as new, asked by the express lane
+        (``QuotaManager.admit_single``, at ``decided_at_ms``): the observers learn it as
+        :meth:`check_producer_ids` would have told them."""
+        self.last_decision_failed = False
+        if self._observers:
+            self._tell(context, Admitted(new_producer_ids, 0), summarize)
+
+    def _tell(
+        self,
+        context: ProduceContext,
+        decision: Decision,
+        summarize: Callable[[], ProduceRequestSummary],
+    ) -> None:
+        request = summarize() if self._request_read else UNREAD_REQUEST
+        for observer in self._observers:
+            try:
+                observer.on_decision(context, request, decision)
+            except Exception as error:
+                self._observer_failed(observer, error)
 
     def _observer_failed(self, observer: object, error: Exception) -> None:
         # Observers (logs, metrics, event log) never change what happens to the request.

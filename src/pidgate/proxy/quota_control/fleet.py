@@ -131,6 +131,9 @@ class FleetOutbox:
     """What this member admitted, per principal, until the fleet thread sends it: a
     ``DecisionObserver`` on the event loop, drained from the fleet thread (hence the lock)."""
 
+    #: Keeps the decision's PIDs, never reads the request (admission.reads_request).
+    reads_request = False
+
     def __init__(self, member: str, clock_ms: Callable[[], int], max_pending: int) -> None:
         self.member = member
         self._clock_ms = clock_ms

@@ -7,23 +7,30 @@ it first), and ``UpstreamReader``, what the broker side's ``data_received`` beco
 pure-Python twin is ``express.PureLane`` (no lane: every read takes the Python path);
 ``express`` chooses, as ``pidgate.protocol.native`` chose.
 
-The lane takes a read only while the Python path holds nothing for its connection that the
-read must meet first: no request waiting in the inbox, no reason to pause reading, no frame
-half read, no batch withheld by the order rule, no SASL exchange sending bare tokens, a
-principal, a Produce header seen before on this connection, and no response owed in a ``Slot``
-but Produce requests the broker still owes a plain answer (the lane takes those over as ring
-entries, ``_absorb``: a pipelining producer never drains them all). Then every complete frame of the read must
-be a Produce with that same header (client_id and tagged fields: the correlation id aside),
-acks other than 0, whose PIDs (if any) the quota finds known where it last saw them
-(``QuotaManager.admit_known``: admitted, nothing to tell an observer), with room under
-``max_in_flight_requests``. If every frame is such a Produce, the frames are written to the
-broker in one ``write``, each is remembered in a ring (correlation id, version, when sent) and
-counted in C counters; a partial frame at the end goes to the Python reader. If any frame is
-not, the lane has written nothing and the whole read goes to the Python path, which decides
-every frame as it would have without the lane (the known-PID question asked again for the
-frames before the first that failed changes nothing twice: it marks PIDs seen at the same
-instant). So the bytes out, the decisions and the errors are the Python path's, read for read
-(``scripts/path_twins.py`` compares both paths over seeded random and malformed programs).
+The lane takes a read only while the Python path holds nothing for its connection that the read
+must meet first: no request waiting in the inbox, no reason to pause reading, no frame half
+read, no batch withheld by the order rule, no SASL exchange sending bare tokens, a principal, a
+Produce header seen before on this connection, and no response owed in a ``Slot`` but Produce
+requests the broker still owes a plain answer (the lane takes those over as ring entries,
+``_absorb``: a pipelining producer never drains them all). Then every complete frame of the read
+must be a Produce with that same header (client_id and tagged fields: the correlation id aside),
+acks other than 0, with room under ``max_in_flight_requests``, whose PIDs (if any) the quota
+finds known where it last saw them (``QuotaManager.admit_known``: admitted, nothing to tell an
+observer) or whose one PID ``QuotaManager.admit_single`` decides (the compiled shortcut of
+``admit``'s miss path: a new PID with a token, or a known one not cached). An admission of a new
+PID is told to the observers through ``Gatekeeper.tell_admitted_new``, with the request's
+summary made from a copy of its body. The shortcut is asked last, once every frame passed the
+other checks, in frame order; if it declines one (a grace period, no token, a layer to start, a
+stale copy) the whole read goes to the Python path, whose quota finds the PIDs admitted before
+it known: every decision is told once, and the bytes out are the Python path's. If every frame
+is such a Produce, the frames are written to the broker in one ``write``, each is remembered in
+a ring (correlation id, version, when sent) and counted in C counters; a partial frame at the
+end goes to the Python reader. If any frame is not, the lane has written nothing and the whole
+read goes to the Python path, which decides every frame as it would have without the lane (the
+known-PID question asked again for the frames before the first that failed changes nothing
+twice: it marks PIDs seen at the same instant). So the bytes out, the decisions and the errors
+are the Python path's, read for read (``scripts/path_twins.py`` compares both paths over seeded
+random and malformed programs).
 
 The broker's answers to ring entries are matched in C (correlation id, and from Produce v10 no
 KIP-951 node_endpoints to rewrite) and written to the client as they came, when every complete
@@ -48,7 +55,7 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from pidgate.protocol._speedups cimport _produce_response_passes, _walk
 
 from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S
-from pidgate.proxy.serving.records import PRODUCE, Slot
+from pidgate.proxy.serving.records import PRODUCE, LazySummary, Slot
 
 #: Ring entries at most per connection (below ``max_in_flight_requests``, the Python path
 #: takes the requests past it).
@@ -93,6 +100,8 @@ cdef class ExpressLane:
     cdef object _x_sasl, _x_gate, _x_held
     #: Requests the lane took, since the connection opened (tests and the twin harness).
     cdef readonly long long requests_taken
+    #: PIDs the lane's quota question admitted as new, since the connection opened (the same).
+    cdef readonly long long new_producer_ids_admitted
 
     cdef object _scratch, _scratch_view
     cdef Py_ssize_t _max_frame_bytes, _max_response_frame_bytes
@@ -296,6 +305,7 @@ cdef class ExpressLane:
         cdef int16_t acks
         cdef int64_t now_ms = -1, sent_ns
         cdef list producer_ids
+        cdef list singles = None  # (frame offset, size, PIDs) of frames with a PID not known
         if nbytes > PyByteArray_GET_SIZE(scratch) or nbytes < 0:
             return False
         p = <const uint8_t*>PyByteArray_AS_STRING(scratch)
@@ -337,7 +347,11 @@ cdef class ExpressLane:
                 if now_ms < 0:
                     now_ms = _now_ns(CLOCK_REALTIME) // 1_000_000
                 if not self._known(me.principal, producer_ids, now_ms):
-                    return False
+                    if len(producer_ids) != 1:
+                        return False
+                    if singles is None:
+                        singles = []
+                    singles.append((pos + SIZE_PREFIX, size, producer_ids))
             position = (self._ring_head + owed + taken) % self._ring_capacity
             self._ring_correlation_id[position] = _i32(frame + 4)
             self._ring_version[position] = <int16_t>api_version
@@ -347,6 +361,8 @@ cdef class ExpressLane:
         if taken == 0:
             return False
         if self._x_slots and not self._absorb():
+            return False
+        if singles is not None and not self._admit_singles(me, singles, p, header_bytes, now_ms):
             return False
         # Every complete frame is the lane's: commit.
         sent_ns = _now_ns(CLOCK_MONOTONIC)
@@ -380,6 +396,47 @@ cdef class ExpressLane:
             return bool(gatekeeper.quota.admit_known(principal, producer_ids, now_ms))
         except Exception:
             return False
+
+    cdef bint _admit_singles(
+        self, object me, list singles, const uint8_t* p, Py_ssize_t header_bytes, int64_t now_ms
+    ) except -1:
+        """The frames whose one PID the quota did not find where it last saw it, in order:
+        ``QuotaManager.admit_single`` (the compiled shortcut of ``admit``'s miss path) decides
+        each; an admission with a new PID is told to the observers as ``Gatekeeper`` would.
+        False at the first it does not decide (a grace period, no token, a layer to start, a
+        stale copy, an error): the whole read then goes to the Python path, which asks the
+        quota again. PIDs admitted here before it are known by then, admitted with nothing to
+        tell, so every decision is told once and the bytes out are the Python path's."""
+        gatekeeper = self._x_context.gatekeeper
+        quota = gatekeeper.quota
+        principal = me.principal
+        cdef bint decided_any = False
+        cdef Py_ssize_t offset, size
+        context = None
+        for offset, size, producer_ids in singles:
+            # A PID decided earlier in this read (the same new PID twice) is known now.
+            if decided_any and self._known(principal, producer_ids, now_ms):
+                continue
+            gatekeeper.decided_at_ms = now_ms
+            try:
+                new_producer_ids = quota.admit_single(principal, producer_ids, now_ms)
+            except Exception:
+                return False  # the Python path meets it again and applies the failure policy
+            if new_producer_ids is None:
+                return False
+            decided_any = True
+            if new_producer_ids:
+                self.new_producer_ids_admitted += len(new_producer_ids)
+                if context is None:
+                    context = me.produce_context()
+                # A copy: the scratch buffer is zeroed once the read is consumed.
+                body = PyBytes_FromStringAndSize(
+                    <const char*>(p + offset + header_bytes), size - header_bytes
+                )
+                gatekeeper.tell_admitted_new(
+                    context, new_producer_ids, LazySummary(memoryview(body), _i16(p + offset + 2))
+                )
+        return True
 
     cdef bint _take_answers(self, object me, bytes data) except -1:
         """True when every complete frame of ``data`` answers the next ring entry and passes

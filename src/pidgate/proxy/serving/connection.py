@@ -293,6 +293,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         """Requests this connection's express lane took (none on the pure path)."""
         return self._lane.requests_taken
 
+    @property
+    def express_new_producer_ids(self) -> int:
+        """PIDs this connection's express lane admitted as new (none on the pure path)."""
+        return self._lane.new_producer_ids_admitted
+
     def flush_counters(self) -> None:
         """Hand what the express lane counted to the traffic metrics (before a scrape)."""
         self._lane.flush_counters()
@@ -494,16 +499,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     ) -> bool:
         """The quota's whole decision on a Produce carrying PIDs: True to forward it, False
         when it was answered here (rejected, held, or behind a batch rejected here)."""
-        assert self.principal is not None
-        context = self._produce_context
-        if context is None or context.client_id != self.client_id:
-            context = self._produce_context = ProduceContext(
-                principal=self.principal,
-                client_id=self.client_id,
-                client_software_name=self.client_software.name,
-                peer=self.peer,
-                node_id=self.node_id,
-            )
+        context = self.produce_context()
         summary = LazySummary(body, api_version)
         guard = self._order_guard
         if guard.withheld and guard.overtakes(summary()):
@@ -522,6 +518,21 @@ class ClientConnection(asyncio.BufferedProtocol):
         if guard.withheld:
             guard.admitted(summary())
         return True
+
+    def produce_context(self) -> ProduceContext:
+        """Who this connection's Produce requests come from, for observers (made again when
+        the client_id or the ApiVersions software changed; needs a principal)."""
+        assert self.principal is not None
+        context = self._produce_context
+        if context is None or context.client_id != self.client_id:
+            context = self._produce_context = ProduceContext(
+                principal=self.principal,
+                client_id=self.client_id,
+                client_software_name=self.client_software.name,
+                peer=self.peer,
+                node_id=self.node_id,
+            )
+        return context
 
     def _init_producer_id_observer(
         self, body: memoryview, api_version: int

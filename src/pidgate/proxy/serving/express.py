@@ -32,6 +32,11 @@ class PureLane:
         return 0
 
     @property
+    def new_producer_ids_admitted(self) -> int:
+        """PIDs the lane admitted as new since the connection opened: none."""
+        return 0
+
+    @property
     def express_owed(self) -> int:
         """Responses owed for requests the lane forwarded: none."""
         return 0
@@ -41,9 +46,6 @@ class PureLane:
 
     def express_close(self) -> None:
         """The connection ended: nothing of the lane's to end."""
-
-    def spill(self) -> None:
-        """Hand the lane's owed responses to the Python path: it owes none."""
 
     def upstream_reader(self, upstream: object) -> Callable[[bytes], None] | None:
         """The broker side's ``data_received`` when the lane reads it: None, its own."""
