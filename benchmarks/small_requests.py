@@ -4,6 +4,7 @@
                                         [--records-per-producer 400] [--baseline-src DIR]
                                         [--profile FILE] [--only WORKLOAD] [--minimal-gate]
                                         [--typed-gate] [--paths compiled,pure]
+                                        [--grandfather-grace-ms MS]
 
 The PID-explosion workload is many producers sending small requests, so what pidgate costs per
 request matters more than what it costs per byte. This script starts one tansu broker, the
@@ -18,7 +19,11 @@ round:
 * ``pipelined-new``: 32 in flight, every request from a PID pidgate has not seen (admitted:
   the quota is high), so every request takes the miss path: all layers scanned, a token
   taken, bits set. The PIDs are not the broker's (see ``UNKNOWN_PRODUCER_ID``), so tansu
-  answers each with an error, through both proxies alike.
+  answers each with an error, through both proxies alike. Every pidgate runs with
+  ``quota.grandfather_grace_ms: 0`` unless ``--grandfather-grace-ms`` says otherwise: the
+  steady state. For one layer's span after it starts (5.5 min by default) pidgate may admit a
+  PID the cluster allocated before then for free, and the quota's compiled shortcut leaves
+  every new PID to the Python path meanwhile (``-1`` measures that: pidgate's own default).
 * ``librdkafka``: ``--producers`` confluent-kafka producers (idempotent, so acks=all,
   ``linger.ms=0``), each in its own thread producing one record and waiting for its delivery
   report, ``--records-per-producer`` times: one record per Produce request, many connections.
@@ -465,6 +470,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "'pure' alone runs 'pidgate' on the pure path)",
     )
 
+    parser.add_argument(
+        "--grandfather-grace-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="every pidgate's quota.grandfather_grace_ms (default 0: the steady state; -1: "
+        "pidgate's own default, one layer's span, 5.5 min, in which the quota's compiled "
+        "shortcut leaves every new PID to the Python path)",
+    )
+
 
 def _paths(value: str) -> tuple[str, ...]:
     paths = tuple(p.strip() for p in value.split(",") if p.strip())
@@ -514,16 +529,19 @@ def run(args: argparse.Namespace) -> str:
                     future.result(15)
         # A quota so high every new PID is admitted: the miss path runs, nothing is rejected.
         pidgate_path = paths[0]  # "compiled" when listed
-        pidgate = Pidgate(broker.address, log_dir, rate=1_000_000_000, path=pidgate_path)
+        grace = getattr(args, "grandfather_grace_ms", 0)
+        quota: dict[str, Any] = {
+            "rate": 1_000_000_000,
+            "grandfather_grace_ms": None if grace < 0 else grace,
+        }
+        pidgate = Pidgate(broker.address, log_dir, path=pidgate_path, **quota)
         described = {"pidgate": pidgate.check_data_path(pidgate_path)}
         targets = {
             "floor": (forwarder.bootstrap, forwarder.cpu),
             "pidgate": (pidgate.bootstrap, pidgate.cpu),
         }
         if pure_broker is not None:
-            pure = Pidgate(
-                pure_broker.address, log_dir, None, PURE, rate=1_000_000_000, path="pure"
-            )
+            pure = Pidgate(pure_broker.address, log_dir, None, PURE, path="pure", **quota)
             described[PURE] = pure.check_data_path("pure")
             targets[PURE] = (pure.bootstrap, pure.cpu)
         # Raw frames only: the gates rewrite no endpoints, so clients bootstrapping through
@@ -550,7 +568,7 @@ def run(args: argparse.Namespace) -> str:
             targets[name] = (gate.bootstrap, gate.cpu)
         if getattr(args, "baseline_src", None):
             baseline = Pidgate(
-                broker.address, log_dir, args.baseline_src, "pidgate-baseline", rate=1_000_000_000
+                broker.address, log_dir, args.baseline_src, "pidgate-baseline", **quota
             )
             targets["baseline"] = (baseline.bootstrap, baseline.cpu)
         workloads = [

@@ -149,6 +149,7 @@ class Pidgate(Served):
         name: str = "pidgate",
         rate: int = 1000,
         path: str | None = None,
+        grandfather_grace_ms: int | None = None,
     ) -> None:
         self.port = free_port()
         self.broker_port = free_port()
@@ -162,6 +163,8 @@ class Pidgate(Served):
             env[PURE_PYTHON_ENV] = "1"
         elif path is not None:
             raise ValueError(f"path must be 'compiled', 'pure' or None, not {path!r}")
+        if grandfather_grace_ms is not None:  # quota.grandfather_grace_ms (None: the default)
+            env["PIDGATE_QUOTA_GRANDFATHER_GRACE_MS"] = str(grandfather_grace_ms)
         command = [
             sys.executable,
             "-m",
