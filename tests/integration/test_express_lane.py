@@ -50,28 +50,20 @@ def _frame(topic: str, producer_id: int, epoch: int, sequence: int, correlation_
     return encode_request(produce_request(VERSION, topic, records), VERSION, correlation_id)
 
 
-def _lane_requests(proxy: BackgroundProxy) -> int:
-    """Requests the express lanes of the proxy's open connections took."""
+def _lane_total(proxy: BackgroundProxy, counter: str) -> int:
+    """``counter`` summed over the proxy's open connections: ``express_requests_taken``
+    (requests their express lanes took) or ``express_new_producer_ids`` (PIDs admitted there
+    as new)."""
     for _ in range(10):  # the proxy's thread may open or close a connection meanwhile
         try:
-            return sum(
-                conn.express_requests_taken for conn in list(proxy.server.context.connections)
-            )
+            return sum(getattr(conn, counter) for conn in list(proxy.server.context.connections))
         except RuntimeError:
             time.sleep(0.01)
     raise AssertionError("the connection set kept changing")
 
 
-def _lane_new_producer_ids(proxy: BackgroundProxy) -> int:
-    """PIDs the express lanes of the proxy's open connections admitted as new."""
-    for _ in range(10):
-        try:
-            return sum(
-                conn.express_new_producer_ids for conn in list(proxy.server.context.connections)
-            )
-        except RuntimeError:
-            time.sleep(0.01)
-    raise AssertionError("the connection set kept changing")
+def _lane_requests(proxy: BackgroundProxy) -> int:
+    return _lane_total(proxy, "express_requests_taken")
 
 
 def _answers(conn: KafkaSocket, count: int) -> list[tuple[int, Any, int]]:
@@ -165,7 +157,7 @@ def test_new_pids_inside_a_burst_are_admitted_in_the_lane_and_told_to_the_observ
         conn.sendall(b"".join(frames))
         answers = _answers(conn, 16)
         taken = _lane_requests(proxy) - before
-        admitted_in_lane = _lane_new_producer_ids(proxy)
+        admitted_in_lane = _lane_total(proxy, "express_new_producer_ids")
     assert [c for c, *_ in answers] == list(range(10, 26))
     _offsets(answers)  # every one admitted and stored
     if EXPRESS_LANE:
