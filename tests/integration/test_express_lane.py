@@ -134,12 +134,18 @@ def _renumbered(frame: bytes, correlation_id: int) -> bytes:
     return frame[:8] + correlation_id.to_bytes(4, "big") + frame[12:]
 
 
+@pytest.mark.parametrize("event_log", [True, False], ids=["event-log", "no-reader"])
 def test_new_pids_inside_a_burst_are_admitted_in_the_lane_and_told_to_the_observers(
-    start_proxy, tmp_path: Path
+    start_proxy, tmp_path: Path, event_log: bool
 ) -> None:
+    """With the event log on, an observer reads each new PID's request (the lane copies it out
+    of its scratch buffer); without it, no told observer reads it (the lane copies nothing) and
+    the metrics and the decision counters still count every new PID."""
     # No grace period: the quota's compiled shortcut decides a new PID at once.
     quota = {**anonymous_quota(10, 3600), "grandfather_grace_ms": 0}
-    proxy = start_proxy(quota=quota, event_log={"directory": str(tmp_path)})
+    logging = {"event_log": {"directory": str(tmp_path)}} if event_log else {}
+    proxy = start_proxy(quota=quota, **logging)
+    assert proxy.server.context.gatekeeper.reads_requests is event_log
     topic = unique_name("express-new")
     create_topic(proxy.bootstrap, topic)
     known, known_epoch = init_producer_id(proxy.bootstrap)
@@ -167,6 +173,9 @@ def test_new_pids_inside_a_burst_are_admitted_in_the_lane_and_told_to_the_observ
     status, text = http_get(admin_address(proxy), "/metrics")
     assert status == 200
     assert metric(parse_samples(text), "pidgate_producer_ids_new_total", user="ANONYMOUS") == 5
+    assert proxy.server.counters.new_producer_ids_admitted == 5
+    if not event_log:
+        return
     # The event log's line for each new PID names its batch's topic and partition: the lane
     # handed the observers the request itself, not only the decision.
     deadline = time.monotonic() + 10

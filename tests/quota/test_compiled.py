@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from pidgate.quota import bloom, compiled, layered
 from pidgate.quota.bloom import UNIVERSAL_MODULUS, pure_universal_positions
+from pidgate.quota.bucket import TokenBucket
 from pidgate.quota.layer_plan import LayerPlan
 from pidgate.quota.layered import LayeredBloomFilter
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
@@ -473,3 +474,55 @@ def test_the_one_pid_shortcut_admits_what_admit_would_and_leaves_the_rest() -> N
     assert manager.admit_single("alice", [6], 1_000_900) is None
     assert _state(manager, 1_000_900) == before
     assert manager.admit("alice", [6], 1_000_900) == Admitted((6,), 0)
+
+
+# -- the token a new PID takes (admit_single's TokenBucket.try_take(1) in C) ----------------
+
+
+@st.composite
+def _buckets(draw: st.DrawFn) -> TokenBucket:
+    """Buckets as the quota holds them, figures from tiny to past 64 bits, in debt or full."""
+    rate = draw(st.one_of(st.integers(0, 10), st.integers(0, 2**70)))
+    window_ms = draw(st.one_of(st.integers(1, 1000), st.integers(1, 2**66)))
+    capacity = rate * window_ms
+    level = draw(
+        st.one_of(
+            st.sampled_from([capacity, 0, -10 * capacity, window_ms, window_ms - 1]),
+            st.integers(-10 * capacity, capacity),
+        ).filter(lambda value: -10 * capacity <= value <= capacity)
+    )
+    updated_ms = draw(st.one_of(st.integers(0, 10**13), INT64))
+    return TokenBucket(rate, window_ms, level, updated_ms)
+
+
+@needs_compiled
+@settings(max_examples=2000, deadline=None)
+@given(bucket=_buckets(), now_ms=st.one_of(st.integers(0, 10**13), INT64), step_ms=INT64)
+def test_the_token_taken_in_c_is_try_takes(bucket: TokenBucket, now_ms: int, step_ms: int) -> None:
+    """The same bucket after the take, or None when ``try_take`` refuses, for buckets whose
+    figures fit 64 bits and for those that do not (left to ``try_take`` itself), time running
+    forwards, standing still and backwards."""
+    for at_ms in (now_ms, bucket.updated_ms, bucket.updated_ms + 1):
+        if -(2**63) <= at_ms < 2**63:
+            assert COMPILED.take_token(bucket, at_ms) == bucket.try_take(1, at_ms)
+    nearby_ms = bucket.updated_ms + step_ms % 10**7
+    if nearby_ms < 2**63:
+        assert COMPILED.take_token(bucket, nearby_ms) == bucket.try_take(1, nearby_ms)
+
+
+@needs_compiled
+def test_the_token_taken_in_c_from_a_full_an_empty_and_an_indebted_bucket() -> None:
+    full = TokenBucket.full(4, 1000, 1_000_000)
+    taken = COMPILED.take_token(full, 1_000_000)
+    assert taken == TokenBucket(4, 1000, 3000, 1_000_000)
+    assert COMPILED.take_token(TokenBucket(4, 1000, 999, 1_000_000), 1_000_000) is None
+    assert COMPILED.take_token(TokenBucket(4, 1000, 999, 1_000_000), 1_000_001) == TokenBucket(
+        4, 1000, 3, 1_000_001
+    )
+    indebted = TokenBucket(4, 1000, -40_000, 1_000_000)  # ten windows of fleet debt
+    assert COMPILED.take_token(indebted, 1_010_249) is None
+    assert COMPILED.take_token(indebted, 1_010_250) == TokenBucket(4, 1000, 0, 1_010_250)
+    assert COMPILED.take_token(TokenBucket(0, 1000, 0, 5), 10**9) is None  # rate 0: no refill
+    # Past 64 bits: try_take itself, the same answer.
+    huge = TokenBucket.full(2**70, 1000, 0)
+    assert COMPILED.take_token(huge, 1) == TokenBucket(2**70, 1000, 2**70 * 1000 - 1000, 1)

@@ -40,7 +40,8 @@ class DecisionCounters:
     ) -> None:
         if isinstance(decision, Admitted):
             self.new_producer_ids_admitted += len(decision.new_producer_ids)
-            self.rejected_producer_ids.difference_update(decision.new_producer_ids)
+            if self.rejected_producer_ids:  # a PID refused before may be admitted now
+                self.rejected_producer_ids.difference_update(decision.new_producer_ids)
         else:
             self.produce_requests_rejected += 1
             software = context.client_software_name or "unknown"

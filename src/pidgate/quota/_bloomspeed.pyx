@@ -1,17 +1,18 @@
 # cython: language_level=3, boundscheck=True, wraparound=False
 """The compiled twin of the layered Bloom filter's per-PID arithmetic (issue "native").
 
-Owns five functions, each giving exactly what its pure-Python original gives (the tests feed
+Owns six functions, each giving exactly what its pure-Python original gives (the tests feed
 both the same PIDs and layers): :func:`universal_positions` (``bloom.universal_positions``:
 Murmur3 x64-128 of the PID's 8 big-endian bytes, then the double hashing mod 105·2**32),
 :func:`find` (``LayeredBloomFilter.find`` for filters without restored off-ladder layers),
 :func:`set_positions` (the bit writes of ``LayeredBloomFilter.add``), :func:`admit_known`
-(``QuotaManager.admit_known_pure``: the known-PID check of every Produce) and
+(``QuotaManager.admit_known_pure``: the known-PID check of every Produce),
 :func:`admit_single` (``QuotaManager.admit``'s decision for one PID that is not cached, in its
-common cases: the same decision and the same changes, else nothing changed). Why: a new PID costs
-one hash, one scan of every live layer and one write, ~18 µs of interpreted big-integer
-arithmetic and bit indexing per PID, the largest part of the new-PID path (issue #25's
-profile); a known PID costs two interpreted frames, three dict lookups and a layer touch on
+common cases: the same decision and the same changes, else nothing changed) and
+:func:`take_token` (``TokenBucket.try_take(1, now_ms)``, which admit_single takes in C).
+Why: a new PID costs one hash, one scan of every live layer, one write and a token, ~18 µs of
+interpreted big-integer arithmetic, bit indexing and bucket building per PID, the largest part
+of the new-PID path (issue #25's profile); a known PID costs two interpreted frames, three dict lookups and a layer touch on
 every Produce of every producer, the quota's share of the known-PID path.
 
 Pure like the rest of ``pidgate.quota``: no clocks, I/O or logging. Every bit read or written
@@ -24,7 +25,9 @@ from cpython.dict cimport PyDict_GetItemWithError
 from cpython.ref cimport PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport INT64_MAX, int64_t, uint64_t
+
+from pidgate.quota.bucket import TokenBucket
 
 #: 105·2**32 (``bloom.UNIVERSAL_MODULUS``); positions are below it, so x + y fits in 64 bits.
 cdef uint64_t _MODULUS = 105 * (<uint64_t>1 << 32)
@@ -33,6 +36,14 @@ cdef uint64_t _C2 = 0x4CF5AD432745937FULL
 #: The most hashes a shape of ``bloom`` can ask for (k = ceil(-log2(rate)), rate >= 1e-15);
 #: a larger ``hash_count`` is refused rather than looped over.
 cdef int _MAX_HASHES = 64
+cdef int64_t _INT64_MAX = INT64_MAX
+# A TokenBucket made field by field (a frozen dataclass with slots: its member descriptors set
+# what __init__ would, without __post_init__'s checks, which _take_one's arithmetic keeps).
+_new_bucket = object.__new__
+_set_rate = TokenBucket.rate.__set__
+_set_window_ms = TokenBucket.window_ms.__set__
+_set_level = TokenBucket.level.__set__
+_set_updated_ms = TokenBucket.updated_ms.__set__
 # Results of find() that are not a serial (layered.ABSENT, layered.STALE).
 cdef int64_t _ABSENT = -1
 cdef int64_t _STALE = -2
@@ -402,7 +413,7 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
             return None
         if k < 1 or k > all_hashes or m > nbits:
             raise ValueError("the newest layer does not fit the positions or the bits")
-        bucket = state.bucket.try_take(1, now_ms)
+        bucket = _take_one(state.bucket, now_ms)
         if bucket is None:
             return None  # rejected: the general path says for how long
         state.bucket = bucket
@@ -421,6 +432,56 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
         return (producer_id,)
     finally:
         PyBuffer_Release(&view)
+
+
+def take_token(bucket, int64_t now_ms):
+    """``bucket.try_take(1, now_ms)``, as :func:`admit_single` takes a new PID's token."""
+    return _take_one(bucket, now_ms)
+
+
+cdef object _take_one(bucket, int64_t now_ms):
+    """``TokenBucket.try_take(1, now_ms)`` without its two interpreted frames: the refill and
+    the take in 64-bit integers, the new bucket built without ``__post_init__`` (its level is
+    within bounds: the old one's, raised to at most the capacity, less a token it holds). A
+    bucket whose figures do not fit 64 bits (or whose refill could leave them) is left to
+    ``try_take`` itself."""
+    if type(bucket) is not TokenBucket:
+        return bucket.try_take(1, now_ms)
+    cdef int64_t rate, window_ms, level, updated_ms, capacity, gap
+    try:
+        rate = bucket.rate
+        window_ms = bucket.window_ms
+        level = bucket.level
+        updated_ms = bucket.updated_ms
+    except OverflowError:
+        return bucket.try_take(1, now_ms)
+    # The capacity, and the gap to it from ten windows of debt (the lowest level a bucket
+    # holds), must fit: then nothing below leaves 64 bits.
+    if rate < 0 or window_ms < 1 or rate > _INT64_MAX // 16 // window_ms:
+        return bucket.try_take(1, now_ms)
+    if updated_ms < -_INT64_MAX // 4 or now_ms < -_INT64_MAX // 4 or now_ms > _INT64_MAX // 4:
+        return bucket.try_take(1, now_ms)  # so that now_ms - updated_ms fits
+    capacity = rate * window_ms
+    if level > capacity or level < -10 * capacity:
+        return bucket.try_take(1, now_ms)  # not a bucket __post_init__ would have let through
+    if now_ms > updated_ms:
+        # min(capacity, level + elapsed * rate), the product taken only where it is below the
+        # gap (elapsed * rate >= gap exactly when elapsed >= ceil(gap / rate)).
+        gap = capacity - level
+        if rate > 0:
+            if now_ms - updated_ms >= (gap + rate - 1) // rate:
+                level = capacity
+            else:
+                level += (now_ms - updated_ms) * rate
+        updated_ms = now_ms
+    if window_ms > level:
+        return None
+    taken = _new_bucket(TokenBucket)
+    _set_rate(taken, bucket.rate)
+    _set_window_ms(taken, bucket.window_ms)
+    _set_level(taken, level - window_ms)
+    _set_updated_ms(taken, updated_ms)
+    return taken
 
 
 cdef int _remember(manager, producer_id, uid, int64_t serial, int64_t now_ms) except -1:

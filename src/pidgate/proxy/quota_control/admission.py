@@ -114,8 +114,9 @@ class Gatekeeper:
         self.quota = quota
         self._observers = tuple(observers)
         #: Whether a told observer needs the request's full walk (else it is never made for
-        #: an admission; a rejection makes it anyway, for its answer).
-        self._request_read = any(reads_request(observer) for observer in self._observers)
+        #: an admission; a rejection makes it anyway, for its answer). The express lane reads
+        #: it too: it copies a new PID's request out of its scratch buffer only for a reader.
+        self.reads_requests = any(reads_request(observer) for observer in self._observers)
         self._would_reject_observers = would_reject_observers(self._observers)
         self._on_observer_error = on_observer_error
         self.observer_errors = 0
@@ -230,7 +231,7 @@ class Gatekeeper:
         decision: Decision,
         summarize: Callable[[], ProduceRequestSummary],
     ) -> None:
-        request = summarize() if self._request_read else UNREAD_REQUEST
+        request = summarize() if self.reads_requests else UNREAD_REQUEST
         for observer in self._observers:
             try:
                 observer.on_decision(context, request, decision)

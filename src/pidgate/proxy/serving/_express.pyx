@@ -55,7 +55,15 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 from pidgate.protocol._speedups cimport _produce_response_passes, _walk
 
 from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S
+from pidgate.proxy.quota_control.admission import UNREAD_REQUEST
 from pidgate.proxy.serving.records import PRODUCE, LazySummary, Slot
+
+
+
+def _unread():
+    """The summary of a request no told observer reads (``Gatekeeper.reads_requests``)."""
+    return UNREAD_REQUEST
+
 
 #: Ring entries at most per connection (below ``max_in_flight_requests``, the Python path
 #: takes the requests past it).
@@ -429,13 +437,15 @@ cdef class ExpressLane:
                 self.new_producer_ids_admitted += len(new_producer_ids)
                 if context is None:
                     context = me.produce_context()
-                # A copy: the scratch buffer is zeroed once the read is consumed.
-                body = PyBytes_FromStringAndSize(
-                    <const char*>(p + offset + header_bytes), size - header_bytes
-                )
-                gatekeeper.tell_admitted_new(
-                    context, new_producer_ids, LazySummary(memoryview(body), _i16(p + offset + 2))
-                )
+                if gatekeeper.reads_requests:
+                    # A copy: the scratch buffer is zeroed once the read is consumed.
+                    body = PyBytes_FromStringAndSize(
+                        <const char*>(p + offset + header_bytes), size - header_bytes
+                    )
+                    summarize = LazySummary(memoryview(body), _i16(p + offset + 2))
+                else:
+                    summarize = _unread  # no told observer reads it: never asked
+                gatekeeper.tell_admitted_new(context, new_producer_ids, summarize)
         return True
 
     cdef bint _take_answers(self, object me, bytes data) except -1:
