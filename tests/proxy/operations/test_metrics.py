@@ -455,6 +455,24 @@ def test_restored_quota_state_gets_labels_without_any_decision() -> None:
     assert per_user(s, "pidgate_producer_ids_new_total") == {"restored": 0}
 
 
+def test_decisions_of_principals_in_turn_are_each_counted_as_their_own_user() -> None:
+    """The label key of the last principal decided is kept for the next decision (a storm is
+    told one new PID at a time): principals in turn, and one named both ways, each count as
+    their own user."""
+    _, metrics, _ = new_setup()
+    for principal, pids in [
+        ("User:alice", (1,)),
+        ("User:alice", (2, 3)),
+        ("User:bob", (4,)),
+        ("User:alice", (5,)),
+        ("bob", (6,)),  # the quota's key for "User:bob": the same user
+        ("User:carol", (7,)),
+    ]:
+        metrics.on_decision(context(principal), REQUEST, Admitted(pids, 0))
+    s = scrape(metrics)
+    assert per_user(s, "pidgate_producer_ids_new_total") == {"alice": 4, "bob": 2, "carol": 1}
+
+
 def test_kip91_wait_tracking() -> None:
     _, metrics, clock = new_setup(user_idle_ms=3_600_000)
     alice = context("User:alice")

@@ -113,7 +113,7 @@ def test_the_express_lanes_admission_is_told_as_the_decision_would_be() -> None:
     _gatekeeper(checked).check_producer_ids(CONTEXT, (5,), lambda: SUMMARY)
     lane = _gatekeeper(told)
     lane.last_decision_failed = True
-    lane.tell_admitted_new(CONTEXT, (5,), lambda: SUMMARY)
+    lane.tell_admitted_new(CONTEXT, Admitted((5,), 0), lambda: SUMMARY)
     assert told.told == checked.told == [(SUMMARY, Admitted((5,), 0))]
     assert lane.last_decision_failed is False
 

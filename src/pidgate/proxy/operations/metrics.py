@@ -173,6 +173,10 @@ class ProxyMetrics:
         self._users: OrderedDict[str, UserCounters] = OrderedDict()
         self._other = UserCounters(0, OTHER_USER)
         self._other_used = False
+        #: The last principal decided and its label key: a storm's new PIDs come from one
+        #: principal after another, each told once per PID (issue #25's profile).
+        self._last_principal = ""
+        self._last_user_key = user_key("")
         self._producer_ids_refreshed = 0
         # -- the PID frontier (grandfathering): latest probe --
         self._frontier: int | None = None
@@ -295,8 +299,13 @@ class ProxyMetrics:
         self, context: ProduceContext, request: ProduceRequestSummary, decision: Decision
     ) -> None:
         now = self._now_ms()
-        key = user_key(context.principal)
-        user = self._user(key, now, context.principal)
+        principal = context.principal
+        if principal == self._last_principal:
+            key = self._last_user_key
+        else:
+            key = self._last_user_key = user_key(principal)
+            self._last_principal = principal
+        user = self._user(key, now, principal)
         if isinstance(decision, Admitted):
             new_ids = decision.new_producer_ids
             user.new_producer_ids += len(new_ids)

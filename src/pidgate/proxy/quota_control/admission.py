@@ -215,15 +215,16 @@ class Gatekeeper:
     def tell_admitted_new(
         self,
         context: ProduceContext,
-        new_producer_ids: tuple[int, ...],
+        decision: Admitted,
         summarize: Callable[[], ProduceRequestSummary],
     ) -> None:
-        """The quota admitted ``new_producer_ids`` as new, asked by the express lane
+        """The quota admitted ``decision.new_producer_ids`` as new (``decision`` is
+        ``Admitted(new_producer_ids, 0)``), asked by the express lane
         (``QuotaManager.admit_single``, at ``decided_at_ms``): the observers learn it as
         :meth:`check_producer_ids` would have told them."""
         self.last_decision_failed = False
         if self._observers:
-            self._tell(context, Admitted(new_producer_ids, 0), summarize)
+            self._tell(context, decision, summarize)
 
     def _tell(
         self,
