@@ -356,6 +356,19 @@ def bench_quota(repeat: int) -> None:
         lambda: manager2.admit("User:bench", (next(counter),), now2),
         repeat,
     )
+    if COLD_BYTES:
+        # The same admission into a filter of one small layer, where the one above probes 11
+        # layers of 7 MiB each: cold, the difference is what the filter's memory costs (each
+        # probe another page; issue #25, README "A new PID's cost is the filter's memory").
+        # Sized for every call a cold run makes (COLD_CALLS per repeat): it never fills.
+        small_items = COLD_CALLS * repeat + 1
+        manager_small, now_small = _manager_with_layers(1, layer_items=small_items)
+        small_kib = manager_small.snapshot(now_small)[0].bits // 8192
+        bench(
+            f"quota admit, new PID (1 layer, {small_kib} KiB, admitted, added)",
+            lambda: manager_small.admit("User:bench", (next(counter),), now_small),
+            repeat,
+        )
     # A fresh PID every call with an empty bucket: the 11-layer scan and the rejection only.
     manager3, now3 = _manager_with_layers(11, rate=11)
     bench(
