@@ -12,8 +12,9 @@ common cases: the same decision and the same changes, else nothing changed) and
 :func:`take_token` (``TokenBucket.try_take(1, now_ms)``, which admit_single takes in C).
 Why: a new PID costs one hash, one scan of every live layer, one write and a token, ~18 µs of
 interpreted big-integer arithmetic, bit indexing and bucket building per PID, the largest part
-of the new-PID path (issue #25's profile); a known PID costs two interpreted frames, three dict lookups and a layer touch on
-every Produce of every producer, the quota's share of the known-PID path.
+of the new-PID path (issue #25's profile); a known PID costs two interpreted frames, three
+dict lookups and a layer touch on every Produce of every producer, the quota's share of the
+known-PID path.
 
 Pure like the rest of ``pidgate.quota``: no clocks, I/O or logging. Every bit read or written
 is checked against the buffer's length first (an out-of-range index raises IndexError, as

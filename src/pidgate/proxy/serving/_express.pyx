@@ -54,13 +54,12 @@ from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 from pidgate.protocol._speedups cimport _produce_response_passes, _walk
 
-from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S
 from dataclasses import MISSING, fields
 
+from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S
 from pidgate.proxy.quota_control.admission import UNREAD_REQUEST
-from pidgate.quota.manager import Admitted
 from pidgate.proxy.serving.records import PRODUCE, LazySummary, Slot
-
+from pidgate.quota.manager import Admitted
 
 
 cdef extern from "Python.h":
