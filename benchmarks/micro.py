@@ -369,6 +369,7 @@ def bench_quota(repeat: int) -> None:
             lambda: manager_small.admit("User:bench", (next(counter),), now_small),
             repeat,
         )
+        _bench_cold_parts(repeat, manager, now, manager2, now2, counter)
     # A fresh PID every call with an empty bucket: the 11-layer scan and the rejection only.
     manager3, now3 = _manager_with_layers(11, rate=11)
     bench(
@@ -382,6 +383,43 @@ def bench_quota(repeat: int) -> None:
         lambda: bloom_positions(123456789, shape),
         repeat,
     )
+
+
+def _bench_cold_parts(
+    repeat: int,
+    manager: QuotaManager,
+    now: int,
+    manager_big: QuotaManager,
+    now_big: int,
+    counter: Any,
+) -> None:
+    """``--cold``: the two calls the express lane makes for a new PID, each alone, beside a
+    known PID's one and an empty call: ``admit_known`` (the location cache: a hit, a miss),
+    then ``admit_single`` (the scan, the token, the bits) into eleven large layers and into
+    eleven small ones. The same number of probes and writes in both filters; only the memory
+    they span differs, so their gap is what the filter's size costs (issue #25)."""
+    small_items = COLD_CALLS * repeat * 2 + 1
+    manager_small, now_small = _manager_with_layers(11, layer_items=small_items)
+    small_kib = manager_small.snapshot(now_small)[0].bits // 8192
+    big_kib = manager_big.snapshot(now_big)[0].bits // 8192
+    known = (11,)
+    bench("an empty Python call (the floor of a cold call)", lambda: None, repeat)
+    bench(
+        "admit_known, known PID (location cache hit)",
+        lambda: manager.admit_known("User:bench", known, now),
+        repeat,
+    )
+    bench(
+        "admit_known, new PID (location cache miss)",
+        lambda: manager.admit_known("User:bench", (next(counter),), now),
+        repeat,
+    )
+    for kib, target, at in ((big_kib, manager_big, now_big), (small_kib, manager_small, now_small)):
+        bench(
+            f"admit_single, new PID (11 layers, {kib:,} KiB)",
+            lambda target=target, at=at: target.admit_single("User:bench", (next(counter),), at),
+            repeat,
+        )
 
 
 def bench_gatekeeper(repeat: int) -> None:
