@@ -12,6 +12,7 @@ too many hashes, rows that do not fit the bits) raise instead of reading out of 
 from __future__ import annotations
 
 import os
+import sys
 import types
 
 import mmh3
@@ -27,6 +28,7 @@ from pidgate.quota.bucket import TokenBucket
 from pidgate.quota.layer_plan import LayerPlan
 from pidgate.quota.layered import LayeredBloomFilter
 from pidgate.quota.manager import Admitted, QuotaManager, QuotaPolicy, Rejected
+from pidgate.quota.principal_table import TrackedPrincipal
 
 from ..compiled_modules import import_compiled, needs, printed_by_fresh_interpreter
 
@@ -474,6 +476,89 @@ def test_the_one_pid_shortcut_admits_what_admit_would_and_leaves_the_rest() -> N
     assert manager.admit_single("alice", [6], 1_000_900) is None
     assert _state(manager, 1_000_900) == before
     assert manager.admit("alice", [6], 1_000_900) == Admitted((6,), 0)
+
+
+# -- slots read where they are (admit_known and admit_single read fields by offset) ----------
+
+
+@needs_compiled
+def test_every_field_read_by_offset_is_the_field_of_that_name() -> None:
+    """The compiled checks read the quota's slots at their offsets, not by name (a cold name
+    lookup cost several cache misses a field): every one of them, on a principal with a
+    grace period and two layers, is the object ``getattr`` gives."""
+    manager = _manager("compiled", 4, True)
+    manager.begin_enforcement(1_000_000)
+    manager.admit("alice", [1, 2, 3, 4], 1_000_000)
+    state = manager._principals["alice"]
+    objects = [state, state.seen, state.seen.plan, state.enforcement, state.bucket]
+    for obj in objects:
+        fields = COMPILED.slot_fields(obj)
+        assert fields, type(obj).__name__
+        for name, value in fields.items():
+            assert value is getattr(obj, name), f"{type(obj).__name__}.{name}"
+    with pytest.raises(TypeError):
+        COMPILED.slot_fields(manager)  # not a class whose slots are read
+
+
+class _TrackedElsewhere(TrackedPrincipal):
+    """A principal's state of another type: its fields are read by name."""
+
+    __slots__ = ()
+
+
+@needs_compiled
+def test_a_state_of_another_type_is_read_by_name_and_decided_alike() -> None:
+    """The offsets hold for the exact classes they were read from; a principal's state of any
+    other type (a subclass here) goes through ``getattr`` and gets the same decisions."""
+    compiled_manager = _manager("compiled", 4, True)
+    pure = _manager("pure", 4, True)
+    for manager in (compiled_manager, pure):
+        manager.admit("alice", [1], 1_000_000)
+        state = manager._principals["alice"]
+        manager._principals["alice"] = _TrackedElsewhere(
+            state.seen, state.bucket, state.enforcement
+        )
+    for now_ms, pids in ((1_000_001, [1]), (1_000_002, [2]), (1_000_003, [2]), (1_000_004, [3])):
+        assert compiled_manager.admit_known("alice", pids, now_ms) == pure.admit_known(
+            "alice", pids, now_ms
+        )
+        assert compiled_manager.admit("alice", pids, now_ms) == pure.admit("alice", pids, now_ms)
+        assert _state(compiled_manager, now_ms) == _state(pure, now_ms)
+    assert type(compiled_manager._principals["alice"]) is _TrackedElsewhere
+
+
+@needs_compiled
+def test_a_bucket_replaced_in_place_is_released_and_the_new_one_is_whole() -> None:
+    """``admit_single`` swaps the principal's bucket in its slot: the old bucket loses the
+    reference the state held (no leak), and the new one is a complete, frozen, hashable
+    TokenBucket equal to what ``try_take`` makes."""
+    manager = _manager("compiled", 4, True)
+    manager.admit("alice", [1], 1_000_000)
+    state = manager._principals["alice"]
+    old = state.bucket
+    expected = old.try_take(1, 1_000_001)
+    held = sys.getrefcount(old)
+    assert manager.admit_single("alice", (2,), 1_000_001) == (2,)
+    assert state.bucket is not old
+    assert sys.getrefcount(old) == held - 1
+    assert state.bucket == expected
+    assert hash(state.bucket) == hash(expected)
+    with pytest.raises(AttributeError):
+        state.bucket.level = 0  # type: ignore[misc]  # still frozen
+
+
+@needs_compiled
+def test_taking_tokens_leaks_no_reference() -> None:
+    """Each bucket ``take_token`` builds holds its figures once; dropping them all gives back
+    every reference they took."""
+    rate = 10**9 + 7  # an int object of its own (not a cached small int)
+    bucket = TokenBucket.full(rate, 1000, 1_000_000)
+    before = sys.getrefcount(rate)
+    taken = [COMPILED.take_token(bucket, 1_000_000 + i) for i in range(1000)]
+    assert all(t is not None and t.rate is rate for t in taken)
+    assert sys.getrefcount(rate) == before + 1000
+    del taken
+    assert sys.getrefcount(rate) == before
 
 
 # -- the token a new PID takes (admit_single's TokenBucket.try_take(1) in C) ----------------

@@ -9,7 +9,8 @@ Murmur3 x64-128 of the PID's 8 big-endian bytes, then the double hashing mod 105
 (``QuotaManager.admit_known_pure``: the known-PID check of every Produce),
 :func:`admit_single` (``QuotaManager.admit``'s decision for one PID that is not cached, in its
 common cases: the same decision and the same changes, else nothing changed) and
-:func:`take_token` (``TokenBucket.try_take(1, now_ms)``, which admit_single takes in C).
+:func:`take_token` (``TokenBucket.try_take(1, now_ms)``, which admit_single takes in C);
+:func:`slot_fields` shows the tests which slots those read at their offsets instead of by name.
 Why: a new PID costs one hash, one scan of every live layer, one write and a token, ~18 µs of
 interpreted big-integer arithmetic, bit indexing and bucket building per PID, the largest part
 of the new-PID path (issue #25's profile); a known PID costs two interpreted frames, three
@@ -23,12 +24,27 @@ bitarray itself would).
 
 from cpython.array cimport array
 from cpython.dict cimport PyDict_GetItemWithError
-from cpython.ref cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 
+from collections import OrderedDict
+from types import MemberDescriptorType
+
 from pidgate.quota.bucket import TokenBucket
+
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
+#: The member type of a ``__slots__`` entry (``T_OBJECT_EX``, ``Py_T_OBJECT_EX`` from 3.12: 16
+#: in every version; structmember.h, which names it before 3.12, is not part of Python.h).
+cdef int _T_OBJECT_EX = 16
 
 #: 105·2**32 (``bloom.UNIVERSAL_MODULUS``); positions are below it, so x + y fits in 64 bits.
 cdef uint64_t _MODULUS = 105 * (<uint64_t>1 << 32)
@@ -38,16 +54,140 @@ cdef uint64_t _C2 = 0x4CF5AD432745937FULL
 #: a larger ``hash_count`` is refused rather than looped over.
 cdef int _MAX_HASHES = 64
 cdef int64_t _INT64_MAX = INT64_MAX
-# A TokenBucket made field by field (a frozen dataclass with slots: its member descriptors set
-# what __init__ would, without __post_init__'s checks, which _take_one's arithmetic keeps).
 _new_bucket = object.__new__
-_set_rate = TokenBucket.rate.__set__
-_set_window_ms = TokenBucket.window_ms.__set__
-_set_level = TokenBucket.level.__set__
-_set_updated_ms = TokenBucket.updated_ms.__set__
+_move_to_end = OrderedDict.move_to_end
 # Results of find() that are not a serial (layered.ABSENT, layered.STALE).
 cdef int64_t _ABSENT = -1
 cdef int64_t _STALE = -2
+
+
+# -- slots read where they are -------------------------------------------------------------
+#
+# The quota's objects (TrackedPrincipal, LayeredBloomFilter, LayerPlan, TokenBucket,
+# Enforcement) keep their fields in __slots__. Reading one by name looks the name up in the
+# type's method cache and walks to its member descriptor first: cold, that is several cache
+# misses per field, and a new PID's admission reads some twenty fields (cachegrind put ~40% of
+# admit_single's and ~60% of admit_known's cold misses there; README "Where a new PID's time
+# goes"). A slot of an object whose type is exactly the class the offset was read from is at
+# that offset, so it is read there: one line, the object's own. Any other type (a subclass, a
+# stand-in in a test) is read by name, as before.
+
+
+cdef Py_ssize_t _slot_offset(type cls, str name) except -1:
+    """Where ``cls``'s slot ``name`` is in its instances (its member descriptor's offset)."""
+    descriptor = cls.__dict__.get(name)
+    if type(descriptor) is not MemberDescriptorType:
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    cdef PyMemberDef* member = (<PyMemberDescrObject*><PyObject*>descriptor).d_member
+    if member.type != _T_OBJECT_EX or member.offset < <Py_ssize_t>sizeof(PyObject):
+        raise TypeError(f"{cls.__name__}.{name} is not an object slot")
+    return member.offset
+
+
+cdef inline object _slot(object obj, Py_ssize_t offset):
+    """The slot at ``offset`` of ``obj`` (whose exact type the offset was read from)."""
+    cdef PyObject* value = (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
+    if value is NULL:
+        raise AttributeError(f"a slot of {type(obj).__name__} is not set")
+    return <object>value
+
+
+cdef inline void _put(object obj, Py_ssize_t offset, object value) noexcept:
+    """Set the slot at ``offset`` of ``obj`` (as its member descriptor's ``__set__`` would)."""
+    cdef PyObject** where = <PyObject**>((<char*><PyObject*>obj) + offset)
+    cdef PyObject* old = where[0]
+    Py_INCREF(value)
+    where[0] = <PyObject*>value
+    Py_XDECREF(old)
+
+
+cdef class _Slots:
+    """The offsets of the slots this module reads, resolved once the quota's classes exist
+    (they import this module, through ``quota.compiled``, so not at its own import)."""
+
+    cdef type tracked, layered, plan, enforcement
+    cdef Py_ssize_t tracked_seen, tracked_bucket, tracked_enforcement
+    cdef Py_ssize_t seen_next_check_ms, seen_uid, seen_meta, seen_first, seen_plan
+    cdef Py_ssize_t seen_restored, seen_max_hashes, seen_bits
+    cdef Py_ssize_t plan_window_ms, plan_window_num, plan_fresh_divisor, plan_hash_count
+    cdef Py_ssize_t enforcement_began_ms, enforcement_grace_ms
+    cdef Py_ssize_t bucket_rate, bucket_window_ms, bucket_level, bucket_updated_ms
+
+    def __init__(self):
+        from pidgate.quota.grandfather import Enforcement
+        from pidgate.quota.layer_plan import LayerPlan
+        from pidgate.quota.layered import LayeredBloomFilter
+        from pidgate.quota.principal_table import TrackedPrincipal
+
+        self.tracked = TrackedPrincipal
+        self.tracked_seen = _slot_offset(TrackedPrincipal, "seen")
+        self.tracked_bucket = _slot_offset(TrackedPrincipal, "bucket")
+        self.tracked_enforcement = _slot_offset(TrackedPrincipal, "enforcement")
+        self.layered = LayeredBloomFilter
+        self.seen_next_check_ms = _slot_offset(LayeredBloomFilter, "next_check_ms")
+        self.seen_uid = _slot_offset(LayeredBloomFilter, "uid")
+        self.seen_meta = _slot_offset(LayeredBloomFilter, "_meta")
+        self.seen_first = _slot_offset(LayeredBloomFilter, "_first")
+        self.seen_plan = _slot_offset(LayeredBloomFilter, "plan")
+        self.seen_restored = _slot_offset(LayeredBloomFilter, "_restored")
+        self.seen_max_hashes = _slot_offset(LayeredBloomFilter, "_max_hashes")
+        self.seen_bits = _slot_offset(LayeredBloomFilter, "_bits")
+        self.plan = LayerPlan
+        self.plan_window_ms = _slot_offset(LayerPlan, "window_ms")
+        self.plan_window_num = _slot_offset(LayerPlan, "window_num")
+        self.plan_fresh_divisor = _slot_offset(LayerPlan, "fresh_divisor")
+        self.plan_hash_count = _slot_offset(LayerPlan, "hash_count")
+        self.enforcement = Enforcement
+        self.enforcement_began_ms = _slot_offset(Enforcement, "began_ms")
+        self.enforcement_grace_ms = _slot_offset(Enforcement, "grace_ms")
+        self.bucket_rate = _slot_offset(TokenBucket, "rate")
+        self.bucket_window_ms = _slot_offset(TokenBucket, "window_ms")
+        self.bucket_level = _slot_offset(TokenBucket, "level")
+        self.bucket_updated_ms = _slot_offset(TokenBucket, "updated_ms")
+
+
+cdef _Slots _slots_of = None
+
+
+cdef inline _Slots _slots():
+    global _slots_of
+    if _slots_of is None:
+        _slots_of = _Slots()
+    return _slots_of
+
+
+cdef inline object _field(object obj, type cls, Py_ssize_t offset, str name):
+    """``obj.<name>``: read at ``offset`` when ``obj`` is exactly a ``cls``, else by name."""
+    if type(obj) is cls:
+        return _slot(obj, offset)
+    return getattr(obj, name)
+
+
+def slot_fields(obj) -> dict:
+    """What this module reads of ``obj`` (a TrackedPrincipal, LayeredBloomFilter, LayerPlan,
+    Enforcement or TokenBucket), read where it reads it: name to value. For the tests, which
+    hold each to ``getattr``."""
+    cdef _Slots at = _slots()
+    cdef dict names
+    if type(obj) is at.tracked:
+        names = {"seen": at.tracked_seen, "bucket": at.tracked_bucket,
+                 "enforcement": at.tracked_enforcement}
+    elif type(obj) is at.layered:
+        names = {"next_check_ms": at.seen_next_check_ms, "uid": at.seen_uid,
+                 "_meta": at.seen_meta, "_first": at.seen_first, "plan": at.seen_plan,
+                 "_restored": at.seen_restored, "_max_hashes": at.seen_max_hashes,
+                 "_bits": at.seen_bits}
+    elif type(obj) is at.plan:
+        names = {"window_ms": at.plan_window_ms, "window_num": at.plan_window_num,
+                 "fresh_divisor": at.plan_fresh_divisor, "hash_count": at.plan_hash_count}
+    elif type(obj) is at.enforcement:
+        names = {"began_ms": at.enforcement_began_ms, "grace_ms": at.enforcement_grace_ms}
+    elif type(obj) is TokenBucket:
+        names = {"rate": at.bucket_rate, "window_ms": at.bucket_window_ms,
+                 "level": at.bucket_level, "updated_ms": at.bucket_updated_ms}
+    else:
+        raise TypeError(f"no slots of {type(obj).__name__} are read here")
+    return {name: _slot(obj, offset) for name, offset in names.items()}
 
 
 cdef inline uint64_t _rotl64(uint64_t x, int r) noexcept nogil:
@@ -279,16 +419,28 @@ cdef inline Py_ssize_t _fresh_row(
     return base
 
 
-cdef object _ready_state(object principals, object principal, int64_t now_ms):
+cdef object _ready_state(_Slots at, object principals, object principal, int64_t now_ms):
     """The principal's ``TrackedPrincipal`` in the manager's table (an ``OrderedDict``, read as
     the dict it is), or None when it has none or its filter's expiry is due (``admit`` runs
     that first: it may drop the layers a shortcut would read)."""
     if not isinstance(principals, dict):
         raise TypeError("the manager's principals are not a dict")
     cdef PyObject* found = PyDict_GetItemWithError(principals, principal)
-    if found is NULL or now_ms >= <int64_t>(<object>found).seen.next_check_ms:
+    if found is NULL:
         return None
-    return <object>found
+    state = <object>found
+    seen = _field(state, at.tracked, at.tracked_seen, "seen")
+    if now_ms >= <int64_t>_field(seen, at.layered, at.seen_next_check_ms, "next_check_ms"):
+        return None
+    return state
+
+
+cdef inline void _mark_used(object principals, object principal) except *:
+    """``principals.move_to_end(principal)``, the method taken from the class, not looked up."""
+    if type(principals) is OrderedDict:
+        _move_to_end(principals, principal)
+    else:
+        principals.move_to_end(principal)
 
 
 def admit_known(manager, principal, producer_ids, int64_t now_ms) -> bool:
@@ -296,18 +448,19 @@ def admit_known(manager, principal, producer_ids, int64_t now_ms) -> bool:
     every PID is where the manager's location cache says, in a fresh layer of ``principal``'s
     filter, touch those layers, mark the principal recently used and return True; otherwise
     return False having changed nothing (``admit`` decides)."""
+    cdef _Slots at = _slots()
     principals = manager._principals
-    state = _ready_state(principals, principal, now_ms) if producer_ids else None
+    state = _ready_state(at, principals, principal, now_ms) if producer_ids else None
     if state is None:
         return False
-    seen = state.seen
+    seen = _field(state, at.tracked, at.tracked_seen, "seen")
     cdef dict cache = manager._positions_cache
-    cdef int64_t uid = seen.uid
-    cdef array meta = seen._meta
-    cdef int64_t first_serial = seen._first
-    plan = seen.plan
-    cdef int64_t window_ms = plan.window_ms
-    cdef int64_t fresh_divisor = plan.fresh_divisor
+    cdef int64_t uid = _field(seen, at.layered, at.seen_uid, "uid")
+    cdef array meta = _field(seen, at.layered, at.seen_meta, "_meta")
+    cdef int64_t first_serial = _field(seen, at.layered, at.seen_first, "_first")
+    plan = _field(seen, at.layered, at.seen_plan, "plan")
+    cdef int64_t window_ms = _field(plan, at.plan, at.plan_window_ms, "window_ms")
+    cdef int64_t fresh_divisor = _field(plan, at.plan, at.plan_fresh_divisor, "fresh_divisor")
     cdef Py_ssize_t rows = len(meta)
     cdef long long* row = meta.data.as_longlongs
     cdef Py_ssize_t base
@@ -323,7 +476,7 @@ def admit_known(manager, principal, producer_ids, int64_t now_ms) -> bool:
         )
         if now_ms > row[base + 1]:
             row[base + 1] = now_ms
-    principals.move_to_end(principal)
+    _mark_used(principals, principal)
     return True
 
 
@@ -345,52 +498,57 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
         producer_ids
     ) != 1:
         return None
+    cdef _Slots at = _slots()
     principals = manager._principals
-    state = _ready_state(principals, principal, now_ms)
-    seen = None if state is None else state.seen
-    if seen is None or seen._restored:
+    state = _ready_state(at, principals, principal, now_ms)
+    if state is None:
+        return None
+    seen = _field(state, at.tracked, at.tracked_seen, "seen")
+    if _field(seen, at.layered, at.seen_restored, "_restored"):
         return None
     producer_id = producer_ids[0]
     cdef int64_t pid = producer_id
-    cdef int all_hashes = seen._max_hashes
+    cdef int all_hashes = _field(seen, at.layered, at.seen_max_hashes, "_max_hashes")
     if all_hashes < 1 or all_hashes > _MAX_HASHES:
         raise ValueError(f"hash_count {all_hashes} is outside 1..{_MAX_HASHES}")
     cdef uint64_t pos[64]
     _positions(pid, all_hashes, pos)
-    cdef array meta = seen._meta
+    cdef array meta = _field(seen, at.layered, at.seen_meta, "_meta")
     cdef Py_ssize_t rows = len(meta)
     cdef long long* row = meta.data.as_longlongs
-    plan = seen.plan
-    cdef int64_t window_ms = plan.window_ms
-    cdef int64_t first_serial = seen._first
-    bits = seen._bits
+    plan = _field(seen, at.layered, at.seen_plan, "plan")
+    cdef int64_t window_ms = _field(plan, at.plan, at.plan_window_ms, "window_ms")
+    cdef int64_t first_serial = _field(seen, at.layered, at.seen_first, "_first")
+    bits = _field(seen, at.layered, at.seen_bits, "_bits")
     cdef Py_buffer view
     cdef int64_t where
     cdef uint64_t nbits, m, offset, index
     cdef Py_ssize_t base
     cdef int i, k
-    cdef int64_t window_num
+    cdef int64_t window_num, began_ms
     PyObject_GetBuffer(bits, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
     try:
         nbits = <uint64_t>len(bits)
         where = _find(
             <const unsigned char*>view.buf, nbits, row, rows, first_serial, pos, all_hashes,
-            now_ms, window_ms, <int64_t>plan.fresh_divisor,
+            now_ms, window_ms, <int64_t>_field(plan, at.plan, at.plan_fresh_divisor, "fresh_divisor"),
         )
         if where >= 0:
             # Known, in a fresh layer: touch it (find() saw it fresh, so the touch holds).
             base = <Py_ssize_t>((where - first_serial) * 6)
             if now_ms > row[base + 1]:
                 row[base + 1] = now_ms
-            principals.move_to_end(principal)
-            _remember(manager, producer_id, seen.uid, where, now_ms)
+            _mark_used(principals, principal)
+            _remember(manager, producer_id, _field(seen, at.layered, at.seen_uid, "uid"), where, now_ms)
             return ()
         if where != _ABSENT:
             return None  # stale: refreshed by the general path
-        enforcement = state.enforcement
+        enforcement = _field(state, at.tracked, at.tracked_enforcement, "enforcement")
         if enforcement is not None:
-            began_ms = enforcement.began_ms
-            if began_ms <= now_ms < began_ms + enforcement.grace_ms:
+            began_ms = _field(enforcement, at.enforcement, at.enforcement_began_ms, "began_ms")
+            if began_ms <= now_ms < began_ms + <int64_t>_field(
+                enforcement, at.enforcement, at.enforcement_grace_ms, "grace_ms"
+            ):
                 return None  # grandfathering may admit it free
         # The newest layer must take the PID as it is (LayeredBloomFilter.add's conditions).
         base = rows - 6
@@ -398,7 +556,7 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
             return None
         m = <uint64_t>row[base + 4]
         k = <int>row[base + 5]
-        window_num = <int64_t>plan.window_num
+        window_num = _field(plan, at.plan, at.plan_window_num, "window_num")
         if window_num < 1:
             raise ValueError(f"window_num {window_num} is below 1")
         # As add(): (now - start) * window_num >= window, last + window <= now; written
@@ -407,18 +565,21 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
             row[base + 2] >= row[base + 3]
             or row[base] <= now_ms + (-window_ms // window_num)
             or row[base + 1] <= now_ms - window_ms
-            or k != <int>plan.hash_count
+            or k != <int>_field(plan, at.plan, at.plan_hash_count, "hash_count")
             or m == 0
             or _MODULUS % m
         ):
             return None
         if k < 1 or k > all_hashes or m > nbits:
             raise ValueError("the newest layer does not fit the positions or the bits")
-        bucket = _take_one(state.bucket, now_ms)
+        bucket = _take_one(at, _field(state, at.tracked, at.tracked_bucket, "bucket"), now_ms)
         if bucket is None:
             return None  # rejected: the general path says for how long
-        state.bucket = bucket
-        principals.move_to_end(principal)
+        if type(state) is at.tracked:
+            _put(state, at.tracked_bucket, bucket)
+        else:
+            state.bucket = bucket
+        _mark_used(principals, principal)
         offset = nbits - m
         data = <unsigned char*>view.buf
         for i in range(k):
@@ -429,7 +590,10 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
         row[base + 2] += 1
         if now_ms > row[base + 1]:
             row[base + 1] = now_ms
-        _remember(manager, producer_id, seen.uid, first_serial + base // 6, now_ms)
+        _remember(
+            manager, producer_id, _field(seen, at.layered, at.seen_uid, "uid"),
+            first_serial + base // 6, now_ms,
+        )
         return (producer_id,)
     finally:
         PyBuffer_Release(&view)
@@ -437,23 +601,25 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
 
 def take_token(bucket, int64_t now_ms):
     """``bucket.try_take(1, now_ms)``, as :func:`admit_single` takes a new PID's token."""
-    return _take_one(bucket, now_ms)
+    return _take_one(_slots(), bucket, now_ms)
 
 
-cdef object _take_one(bucket, int64_t now_ms):
+cdef object _take_one(_Slots at, bucket, int64_t now_ms):
     """``TokenBucket.try_take(1, now_ms)`` without its two interpreted frames: the refill and
     the take in 64-bit integers, the new bucket built without ``__post_init__`` (its level is
-    within bounds: the old one's, raised to at most the capacity, less a token it holds). A
-    bucket whose figures do not fit 64 bits (or whose refill could leave them) is left to
-    ``try_take`` itself."""
+    within bounds: the old one's, raised to at most the capacity, less a token it holds), its
+    slots set as their member descriptors would set them. A bucket whose figures do not fit 64
+    bits (or whose refill could leave them) is left to ``try_take`` itself."""
     if type(bucket) is not TokenBucket:
         return bucket.try_take(1, now_ms)
     cdef int64_t rate, window_ms, level, updated_ms, capacity, gap
+    rate_object = _slot(bucket, at.bucket_rate)
+    window_object = _slot(bucket, at.bucket_window_ms)
     try:
-        rate = bucket.rate
-        window_ms = bucket.window_ms
-        level = bucket.level
-        updated_ms = bucket.updated_ms
+        rate = rate_object
+        window_ms = window_object
+        level = _slot(bucket, at.bucket_level)
+        updated_ms = _slot(bucket, at.bucket_updated_ms)
     except OverflowError:
         return bucket.try_take(1, now_ms)
     # The capacity, and the gap to it from ten windows of debt (the lowest level a bucket
@@ -478,10 +644,10 @@ cdef object _take_one(bucket, int64_t now_ms):
     if window_ms > level:
         return None
     taken = _new_bucket(TokenBucket)
-    _set_rate(taken, bucket.rate)
-    _set_window_ms(taken, bucket.window_ms)
-    _set_level(taken, level - window_ms)
-    _set_updated_ms(taken, updated_ms)
+    _put(taken, at.bucket_rate, rate_object)
+    _put(taken, at.bucket_window_ms, window_object)
+    _put(taken, at.bucket_level, level - window_ms)
+    _put(taken, at.bucket_updated_ms, updated_ms)
     return taken
 
 
