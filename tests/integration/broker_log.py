@@ -14,6 +14,16 @@ from kafka.protocol.consumer.fetch import FetchResponse
 from pidgate.protocol.record_batches import BatchHeader, iter_batch_headers
 
 _FETCH_V4_MAX_BYTES = 64 * 1024 * 1024
+#: Fetch's error when the broker asked does not lead the partition (any more).
+NOT_LEADER_OR_FOLLOWER = 6
+
+
+class FetchError(AssertionError):
+    """The broker answered the Fetch of ``topic``-``partition`` with ``error_code``."""
+
+    def __init__(self, topic: str, partition: int, error_code: int) -> None:
+        super().__init__(f"fetch {topic}-{partition}: error {error_code}")
+        self.error_code = error_code
 
 
 def _string(text: str) -> bytes:
@@ -51,7 +61,8 @@ def fetch_batch_headers(
                 size = struct.unpack(">i", _recv_exact(sock, 4))[0]
                 response = FetchResponse.decode(_recv_exact(sock, size), version=4, header=True)
                 data = response.responses[0].partitions[0]
-                assert data.error_code == 0, f"fetch {topic}-{partition}: error {data.error_code}"
+                if data.error_code != 0:
+                    raise FetchError(topic, partition, data.error_code)
                 batches = list(iter_batch_headers(data.records or b"", allow_partial_tail=True))
                 if not batches:
                     break

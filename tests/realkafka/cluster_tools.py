@@ -26,7 +26,11 @@ from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdRespons
 
 from pidgate.config import load_settings
 from pidgate.proxy.background import BackgroundProxy
-from tests.integration.broker_log import fetch_batch_headers
+from tests.integration.broker_log import (
+    NOT_LEADER_OR_FOLLOWER,
+    FetchError,
+    fetch_batch_headers,
+)
 from tests.integration.helpers import KafkaSocket, decode_response, encode_request
 from tests.realkafka.kafka import KafkaRun, free_port
 
@@ -352,9 +356,22 @@ def read_committed_values(
 def batch_producers(kafka: KafkaRun, topic: str, partition: int = 0) -> Counter[tuple[int, int]]:
     """(producer_id, producer_epoch) -> records the partition's leader holds from it, from
     the record-batch headers (Fetch v4, read_uncommitted, bypassing pidgate)."""
-    leader = leader_of(kafka.bootstrap, topic, partition)
     counts: Counter[tuple[int, int]] = Counter()
-    headers = fetch_batch_headers(f"127.0.0.1:{kafka.broker_ports[leader]}", topic, [partition])
+    deadline = time.monotonic() + 60
+    while True:
+        leader = leader_of(kafka.bootstrap, topic, partition)
+        try:
+            headers = fetch_batch_headers(
+                f"127.0.0.1:{kafka.broker_ports[leader]}", topic, [partition]
+            )
+            break
+        except FetchError as error:
+            # The leadership moved between the metadata's answer and the Fetch: a restarted
+            # broker takes its preferred partitions back (auto.leader.rebalance.enable). Ask
+            # again; any other error, or one that lasts, fails the test.
+            if error.error_code != NOT_LEADER_OR_FOLLOWER or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     for header in headers:
         if header.attributes & 0x20:  # control batch (transaction marker): no user record
             continue
