@@ -405,6 +405,66 @@ def test_admit_decides_and_changes_the_same_on_either_path(
 
 
 @needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(
+    requests=KNOWN_REQUESTS,
+    window_num=st.integers(1, 11),
+    fresh_divisor_plan=st.booleans(),
+    cache_size=st.sampled_from([1, 3, 4096]),
+    enforcement_at=st.sampled_from([None, 0, 5]),
+)
+def test_one_pid_asked_of_the_shortcut_alone_decides_as_admit(
+    requests: list[tuple[int, str, list[int]]],
+    window_num: int,
+    fresh_divisor_plan: bool,
+    cache_size: int,
+    enforcement_at: int | None,
+) -> None:
+    """The express lane asks ``admit_single`` alone for a frame with one PID (no
+    ``admit_known`` first): its answer, or ``admit``'s where it has none, is the pure
+    ``admit``'s decision, with the same state after each request."""
+    compiled = _manager("compiled", window_num, fresh_divisor_plan, cache_size=cache_size)
+    pure = _manager("pure", window_num, fresh_divisor_plan, cache_size=cache_size)
+    now_ms = 1_000_000
+    for index, (step_ms, principal, pids) in enumerate(requests):
+        now_ms += step_ms
+        if index == enforcement_at:
+            compiled.begin_enforcement(now_ms)
+            pure.begin_enforcement(now_ms)
+        expected = pure.admit(principal, pids, now_ms)
+        single = compiled.admit_single(principal, pids, now_ms) if len(pids) == 1 else None
+        if single is None:
+            decision = compiled.admit(principal, pids, now_ms)
+        else:
+            decision = Admitted(single, 0)
+        assert decision == expected
+        assert _state(compiled, now_ms) == _state(pure, now_ms)
+
+
+@needs_compiled
+def test_the_one_pid_shortcut_answers_a_cached_pid_as_the_known_pid_check_does() -> None:
+    """A PID where the location cache says, in a fresh layer: ``admit_single`` admits it as
+    known with ``admit_known``'s changes (its layer touched, the principal recently used, the
+    cache as it was), also where the filter holds a layer restored off the ladder."""
+    by_single = _manager("compiled", 4, True)
+    by_known = _manager("compiled", 4, True)
+    for manager in (by_single, by_known):
+        manager.admit("alice", [7], 1_000_000)
+        manager.admit("bob", [9], 1_000_000)
+        manager.admit("alice", [7], 1_000_050)  # found by a scan, and cached
+        for principal in ("alice", "bob"):  # a restored layer: the shortcut's scan declines
+            manager._principals[principal].seen._restored = True
+        manager._positions_cache.pop(9, None)  # bob's PID where no cache says
+    assert by_single.admit_single("alice", [7], 1_000_100) == ()
+    assert by_known.admit_known("alice", [7], 1_000_100) is True
+    assert _state(by_single, 1_000_100) == _state(by_known, 1_000_100)
+    assert by_single.export()[-1].principal == "alice"  # recently used, as admit_known does
+    assert by_single.export()[-1].layers[-1].last_write_ms == 1_000_100
+    # Not cached, and a restored layer: the shortcut declines (admit's general path scans).
+    assert by_single.admit_single("bob", [9], 1_000_100) is None
+
+
+@needs_compiled
 def test_the_known_pid_check_admits_a_cached_pid_and_touches_its_layer() -> None:
     """A PID admitted a moment ago: the compiled check says known and renews its layer's last
     use (what keeps a producing PID known); a PID never seen, another principal's, or one

@@ -482,12 +482,14 @@ def admit_known(manager, principal, producer_ids, int64_t now_ms) -> bool:
 
 def admit_single(manager, principal, producer_ids, int64_t now_ms):
     """``QuotaManager.admit_single``, the common case of ``admit``'s miss path compiled (the pure
-    path has no such shortcut: its ``admit`` is the reference): one PID, not where the
-    location cache says (``admit_known`` said no), of a principal with state whose expiry is
-    not due and whose filter holds no layer restored off the ladder. Returns what ``admit``
-    decides, having changed what it changes:
+    path has no such shortcut: its ``admit`` is the reference): one PID of a principal with
+    state whose expiry is not due. Returns what ``admit`` decides, having changed what it
+    changes:
 
-    * ``()``: a fresh layer holds the PID (it was not cached): touched and cached, admitted;
+    * ``()``: the PID is where the location cache says, in a fresh layer: touched, admitted
+      (``admit_known``'s answer and changes, so a caller with one PID asks this alone);
+    * ``()``: a fresh layer holds the PID (it was not cached) and the filter holds no layer
+      restored off the ladder: touched and cached, admitted;
     * ``(pid,)``: no live layer holds it, the principal is not in a grandfathering grace
       period, the bucket holds a token and the newest layer takes the PID without a roll: the
       token taken, the PID written and cached, admitted as new;
@@ -504,26 +506,38 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
     if state is None:
         return None
     seen = _field(state, at.tracked, at.tracked_seen, "seen")
-    if _field(seen, at.layered, at.seen_restored, "_restored"):
-        return None
     producer_id = producer_ids[0]
-    cdef int64_t pid = producer_id
-    cdef int all_hashes = _field(seen, at.layered, at.seen_max_hashes, "_max_hashes")
-    if all_hashes < 1 or all_hashes > _MAX_HASHES:
-        raise ValueError(f"hash_count {all_hashes} is outside 1..{_MAX_HASHES}")
-    cdef uint64_t pos[64]
-    _positions(pid, all_hashes, pos)
     cdef array meta = _field(seen, at.layered, at.seen_meta, "_meta")
     cdef Py_ssize_t rows = len(meta)
     cdef long long* row = meta.data.as_longlongs
     plan = _field(seen, at.layered, at.seen_plan, "plan")
     cdef int64_t window_ms = _field(plan, at.plan, at.plan_window_ms, "window_ms")
     cdef int64_t first_serial = _field(seen, at.layered, at.seen_first, "_first")
+    cdef int64_t fresh_divisor = _field(plan, at.plan, at.plan_fresh_divisor, "fresh_divisor")
+    # Where the location cache says, in a fresh layer: admit_known's case, decided as it does
+    # (the express lane asks this alone for a frame with one PID: one call, not two).
+    cdef Py_ssize_t base = _fresh_row(
+        manager._positions_cache, producer_id,
+        _field(seen, at.layered, at.seen_uid, "uid"),
+        first_serial, rows, row, now_ms, window_ms, fresh_divisor,
+    )
+    if base >= 0:
+        if now_ms > row[base + 1]:
+            row[base + 1] = now_ms
+        _mark_used(principals, principal)
+        return ()
+    if _field(seen, at.layered, at.seen_restored, "_restored"):
+        return None
+    cdef int64_t pid = producer_id
+    cdef int all_hashes = _field(seen, at.layered, at.seen_max_hashes, "_max_hashes")
+    if all_hashes < 1 or all_hashes > _MAX_HASHES:
+        raise ValueError(f"hash_count {all_hashes} is outside 1..{_MAX_HASHES}")
+    cdef uint64_t pos[64]
+    _positions(pid, all_hashes, pos)
     bits = _field(seen, at.layered, at.seen_bits, "_bits")
     cdef Py_buffer view
     cdef int64_t where
     cdef uint64_t nbits, m, offset, index
-    cdef Py_ssize_t base
     cdef int i, k
     cdef int64_t window_num, began_ms
     PyObject_GetBuffer(bits, &view, PyBUF_SIMPLE | PyBUF_WRITABLE)
@@ -531,7 +545,7 @@ def admit_single(manager, principal, producer_ids, int64_t now_ms):
         nbits = <uint64_t>len(bits)
         where = _find(
             <const unsigned char*>view.buf, nbits, row, rows, first_serial, pos, all_hashes,
-            now_ms, window_ms, <int64_t>_field(plan, at.plan, at.plan_fresh_divisor, "fresh_divisor"),
+            now_ms, window_ms, fresh_divisor,
         )
         if where >= 0:
             # Known, in a fresh layer: touch it (find() saw it fresh, so the touch holds).

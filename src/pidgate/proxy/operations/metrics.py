@@ -305,7 +305,14 @@ class ProxyMetrics:
         else:
             key = self._last_user_key = user_key(principal)
             self._last_principal = principal
-        user = self._user(key, now, principal)
+        # _user's hit, inline: told for every new PID (the express lane's too).
+        users = self._users
+        user = users.get(key)
+        if user is not None:
+            users.move_to_end(key)
+            user.last_seen_ms = now
+        else:
+            user = self._add_user(key, now, principal)
         if isinstance(decision, Admitted):
             new_ids = decision.new_producer_ids
             user.new_producer_ids += len(new_ids)
@@ -338,6 +345,10 @@ class ProxyMetrics:
             users.move_to_end(key)
             user.last_seen_ms = now
             return user
+        return self._add_user(key, now, principal)
+
+    def _add_user(self, key: str, now: int, principal: str) -> UserCounters:
+        users = self._users
         self._forget_idle_users(now)
         if len(users) < self._max_user_labels:
             user = users[key] = UserCounters(now, principal)

@@ -14,15 +14,16 @@ Produce header seen before on this connection, and no response owed in a ``Slot`
 requests the broker still owes a plain answer (the lane takes those over as ring entries,
 ``_absorb``: a pipelining producer never drains them all). Then every complete frame of the read
 must be a Produce with that same header (client_id and tagged fields: the correlation id aside),
-acks other than 0, with room under ``max_in_flight_requests``, whose PIDs (if any) the quota
-finds known where it last saw them (``QuotaManager.admit_known``: admitted, nothing to tell an
-observer) or whose one PID ``QuotaManager.admit_single`` decides (the compiled shortcut of
-``admit``'s miss path: a new PID with a token, or a known one not cached). An admission of a new
-PID is told to the observers through ``Gatekeeper.tell_admitted_new``, with the request's
-summary made from a copy of its body. The shortcut is asked last, once every frame passed the
-other checks, in frame order; if it declines one (a grace period, no token, a layer to start, a
-stale copy) the whole read goes to the Python path, whose quota finds the PIDs admitted before
-it known: every decision is told once, and the bytes out are the Python path's. If every frame
+acks other than 0, with room under ``max_in_flight_requests``, whose several PIDs (if any) the
+quota finds known where it last saw them (``QuotaManager.admit_known``: admitted, nothing to
+tell an observer) or whose one PID ``QuotaManager.admit_single`` decides (``admit_known``'s
+question for that PID and the compiled shortcut of ``admit``'s miss path: a known PID, cached
+or not, or a new one with a token). An admission of a new PID is told to the observers as
+``Gatekeeper.tell_admitted_new`` tells them, with the request's summary made from a copy of its
+body. The shortcut is asked last, once every frame passed the other checks, in frame order; if
+it declines one (a grace period, no token, a layer to start, a stale copy) the whole read goes
+to the Python path, whose quota finds the PIDs admitted before it known: every decision is told
+once, and the bytes out are the Python path's. If every frame
 is such a Produce, the frames are written to the broker in one ``write``, each is remembered in
 a ring (correlation id, version, when sent) and counted in C counters; a partial frame at the
 end goes to the Python reader. If any frame is not, the lane has written nothing and the whole
@@ -138,6 +139,8 @@ cdef class ExpressLane:
     cdef object _conn
     cdef object _x_context, _x_slots, _x_awaiting, _x_inbox, _x_reader, _x_order_guard
     cdef object _x_sasl, _x_gate, _x_held
+    # The context's Gatekeeper and its quota manager: made with the server, never replaced.
+    cdef object _x_gatekeeper, _x_quota
     #: Requests the lane took, since the connection opened (tests and the twin harness).
     cdef readonly long long requests_taken
     #: PIDs the lane's quota question admitted as new, since the connection opened (the same).
@@ -183,6 +186,8 @@ cdef class ExpressLane:
         self._x_sasl = me._sasl
         self._x_gate = me._gate
         self._x_held = me._gate.held
+        self._x_gatekeeper = me._context.gatekeeper
+        self._x_quota = self._x_gatekeeper.quota
         self._scratch = scratch
         self._scratch_view = memoryview(scratch)
         self._max_in_flight = max_in_flight_requests
@@ -386,12 +391,13 @@ cdef class ExpressLane:
             if producer_ids:
                 if now_ms < 0:
                     now_ms = _now_ns(CLOCK_REALTIME) // 1_000_000
-                if not self._known(me.principal, producer_ids, now_ms):
-                    if len(producer_ids) != 1:
-                        return False
+                if len(producer_ids) == 1:
+                    # admit_single answers a known PID as admit_known would: asked alone, last.
                     if singles is None:
                         singles = []
                     singles.append((pos + SIZE_PREFIX, size, producer_ids))
+                elif not self._known(me.principal, producer_ids, now_ms):
+                    return False
             position = (self._ring_head + owed + taken) % self._ring_capacity
             self._ring_correlation_id[position] = _i32(frame + 4)
             self._ring_version[position] = <int16_t>api_version
@@ -430,41 +436,36 @@ cdef class ExpressLane:
         """``Gatekeeper.admits_known`` without its Python frame: the quota's known-PID question
         (an error is the Python path's to meet again and report). ``admit_known`` takes any
         collection of PIDs: the walk's list, as it came."""
-        gatekeeper = self._x_context.gatekeeper
-        gatekeeper.decided_at_ms = now_ms
+        self._x_gatekeeper.decided_at_ms = now_ms
         try:
-            return bool(gatekeeper.quota.admit_known(principal, producer_ids, now_ms))
+            return bool(self._x_quota.admit_known(principal, producer_ids, now_ms))
         except Exception:
             return False
 
     cdef bint _admit_singles(
         self, object me, list singles, const uint8_t* p, Py_ssize_t header_bytes, int64_t now_ms
     ) except -1:
-        """The frames whose one PID the quota did not find where it last saw it, in order:
-        ``QuotaManager.admit_single`` (the compiled shortcut of ``admit``'s miss path) decides
-        each; an admission with a new PID is told to the observers as ``Gatekeeper`` would.
-        False at the first it does not decide (a grace period, no token, a layer to start, a
-        stale copy, an error): the whole read then goes to the Python path, which asks the
-        quota again. PIDs admitted here before it are known by then, admitted with nothing to
-        tell, so every decision is told once and the bytes out are the Python path's."""
-        gatekeeper = self._x_context.gatekeeper
-        quota = gatekeeper.quota
+        """The frames with one PID, in order: ``QuotaManager.admit_single`` (``admit_known``'s
+        question and the compiled shortcut of ``admit``'s miss path) decides each; an admission
+        with a new PID is told to the observers as ``Gatekeeper`` would. False at the first it
+        does not decide (a grace period, no token, a layer to start, a stale copy, an error):
+        the whole read then goes to the Python path, which asks the quota again. PIDs admitted
+        here before it are known by then, admitted with nothing to tell, so every decision is
+        told once and the bytes out are the Python path's (the same new PID twice in one read:
+        the second finds it cached)."""
+        gatekeeper = self._x_gatekeeper
+        quota = self._x_quota
         principal = me.principal
-        cdef bint decided_any = False
         cdef Py_ssize_t offset, size
         context = None
+        gatekeeper.decided_at_ms = now_ms
         for offset, size, producer_ids in singles:
-            # A PID decided earlier in this read (the same new PID twice) is known now.
-            if decided_any and self._known(principal, producer_ids, now_ms):
-                continue
-            gatekeeper.decided_at_ms = now_ms
             try:
                 new_producer_ids = quota.admit_single(principal, producer_ids, now_ms)
             except Exception:
                 return False  # the Python path meets it again and applies the failure policy
             if new_producer_ids is None:
                 return False
-            decided_any = True
             if new_producer_ids:
                 self.new_producer_ids_admitted += len(new_producer_ids)
                 if context is None:
