@@ -29,22 +29,12 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyOb
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 
+from pidgate._slots cimport field as _field, put as _put, slot as _slot, slot_offset as _slot_offset
+
 from collections import OrderedDict
-from types import MemberDescriptorType
 
 from pidgate.quota.bucket import TokenBucket
 
-
-cdef extern from "Python.h":
-    ctypedef struct PyMemberDef:
-        int type
-        Py_ssize_t offset
-    ctypedef struct PyMemberDescrObject:
-        PyMemberDef* d_member
-
-#: The member type of a ``__slots__`` entry (``T_OBJECT_EX``, ``Py_T_OBJECT_EX`` from 3.12: 16
-#: in every version; structmember.h, which names it before 3.12, is not part of Python.h).
-cdef int _T_OBJECT_EX = 16
 
 #: 105·2**32 (``bloom.UNIVERSAL_MODULUS``); positions are below it, so x + y fits in 64 bits.
 cdef uint64_t _MODULUS = 105 * (<uint64_t>1 << 32)
@@ -61,44 +51,12 @@ cdef int64_t _ABSENT = -1
 cdef int64_t _STALE = -2
 
 
-# -- slots read where they are -------------------------------------------------------------
+# -- slots read where they are (pidgate/_slots.pxd) -----------------------------------------
 #
 # The quota's objects (TrackedPrincipal, LayeredBloomFilter, LayerPlan, TokenBucket,
-# Enforcement) keep their fields in __slots__. Reading one by name looks the name up in the
-# type's method cache and walks to its member descriptor first: cold, that is several cache
-# misses per field, and a new PID's admission reads some twenty fields (cachegrind put ~40% of
-# admit_single's and ~60% of admit_known's cold misses there; README "Where a new PID's time
-# goes"). A slot of an object whose type is exactly the class the offset was read from is at
-# that offset, so it is read there: one line, the object's own. Any other type (a subclass, a
-# stand-in in a test) is read by name, as before.
-
-
-cdef Py_ssize_t _slot_offset(type cls, str name) except -1:
-    """Where ``cls``'s slot ``name`` is in its instances (its member descriptor's offset)."""
-    descriptor = cls.__dict__.get(name)
-    if type(descriptor) is not MemberDescriptorType:
-        raise TypeError(f"{cls.__name__}.{name} is not a slot")
-    cdef PyMemberDef* member = (<PyMemberDescrObject*><PyObject*>descriptor).d_member
-    if member.type != _T_OBJECT_EX or member.offset < <Py_ssize_t>sizeof(PyObject):
-        raise TypeError(f"{cls.__name__}.{name} is not an object slot")
-    return member.offset
-
-
-cdef inline object _slot(object obj, Py_ssize_t offset):
-    """The slot at ``offset`` of ``obj`` (whose exact type the offset was read from)."""
-    cdef PyObject* value = (<PyObject**>((<char*><PyObject*>obj) + offset))[0]
-    if value is NULL:
-        raise AttributeError(f"a slot of {type(obj).__name__} is not set")
-    return <object>value
-
-
-cdef inline void _put(object obj, Py_ssize_t offset, object value) noexcept:
-    """Set the slot at ``offset`` of ``obj`` (as its member descriptor's ``__set__`` would)."""
-    cdef PyObject** where = <PyObject**>((<char*><PyObject*>obj) + offset)
-    cdef PyObject* old = where[0]
-    Py_INCREF(value)
-    where[0] = <PyObject*>value
-    Py_XDECREF(old)
+# Enforcement) keep their fields in __slots__, and a new PID's admission reads some twenty of
+# them: read at their offsets, not by name (cachegrind put ~40% of admit_single's and ~60% of
+# admit_known's cold misses in the name lookups; README "Where a new PID's time goes").
 
 
 cdef class _Slots:
@@ -154,13 +112,6 @@ cdef inline _Slots _slots():
     if _slots_of is None:
         _slots_of = _Slots()
     return _slots_of
-
-
-cdef inline object _field(object obj, type cls, Py_ssize_t offset, str name):
-    """``obj.<name>``: read at ``offset`` when ``obj`` is exactly a ``cls``, else by name."""
-    if type(obj) is cls:
-        return _slot(obj, offset)
-    return getattr(obj, name)
 
 
 def slot_fields(obj) -> dict:

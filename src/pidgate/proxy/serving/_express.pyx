@@ -53,13 +53,16 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t
 from libc.string cimport memcmp, memmove, memset
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
+from pidgate._slots cimport field, put, slot_offset
 from pidgate.protocol._speedups cimport _produce_response_passes, _walk
 
 from dataclasses import MISSING, fields
 
+from pidgate.protocol.framing import FrameDecoder, FrameReader
 from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S
 from pidgate.proxy.quota_control.admission import UNREAD_REQUEST
-from pidgate.proxy.serving.records import PRODUCE, LazySummary, Slot
+from pidgate.proxy.serving.ordering import ProduceOrderGuard
+from pidgate.proxy.serving.records import PRODUCE, LazySummary, ProduceHeader, Slot
 from pidgate.quota.manager import Admitted
 
 
@@ -126,6 +129,111 @@ cdef inline int64_t _now_ns(int clock) noexcept nogil:
     return <int64_t>now.tv_sec * 1_000_000_000 + now.tv_nsec
 
 
+cdef class _Fields:
+    """Where the lane reads what it asks, every read, of its connection and the connection's
+    objects (pidgate/_slots.pxd): the offsets of their classes' slots. A connection, reader,
+    order guard or broker side of another class (one without slots: a stand-in in a test) is
+    read by name: its class here stays None."""
+
+    cdef type conn, reader, guard, header, decoder, upstream
+    cdef Py_ssize_t conn_closed, conn_principal, conn_produce_header, conn_upstream
+    cdef Py_ssize_t conn_transport, conn_last_active_s
+    cdef Py_ssize_t reader_big, reader_pending, guard_withheld
+    cdef Py_ssize_t header_bytes, header_api_version, header_after_correlation_id
+    cdef Py_ssize_t decoder_buffered, upstream_transport, upstream_decoder
+
+    def __init__(self, type connection_class):
+        try:
+            self.conn_closed = slot_offset(connection_class, "closed")
+            self.conn_principal = slot_offset(connection_class, "principal")
+            self.conn_produce_header = slot_offset(connection_class, "_produce_header")
+            self.conn_upstream = slot_offset(connection_class, "_upstream")
+            self.conn_transport = slot_offset(connection_class, "transport")
+            self.conn_last_active_s = slot_offset(connection_class, "last_active_s")
+            self.conn = connection_class
+        except TypeError:
+            self.conn = None
+        self.reader_big = slot_offset(FrameReader, "_big")
+        self.reader_pending = slot_offset(FrameReader, "_pending")
+        self.reader = FrameReader
+        self.guard_withheld = slot_offset(ProduceOrderGuard, "withheld")
+        self.guard = ProduceOrderGuard
+        self.header_bytes = slot_offset(ProduceHeader, "header_bytes")
+        self.header_api_version = slot_offset(ProduceHeader, "api_version")
+        self.header_after_correlation_id = slot_offset(ProduceHeader, "after_correlation_id")
+        self.header = ProduceHeader
+        self.decoder_buffered = slot_offset(FrameDecoder, "_buffered")
+        self.decoder = FrameDecoder
+
+    cdef learn_upstream(self, type upstream_class):
+        """The broker side's class, met when the first one is made (the lane must not import
+        its module: it builds on this one)."""
+        if self.upstream is not None:
+            return
+        try:
+            self.upstream_transport = slot_offset(upstream_class, "transport")
+            self.upstream_decoder = slot_offset(upstream_class, "_decoder")
+            self.upstream = upstream_class
+        except TypeError:
+            pass
+
+
+cdef _Fields _fields = None
+
+
+def read_fields(connection) -> dict:
+    """What the lane reads of ``connection`` and its objects, read where it reads them: name
+    to value (the tests hold each to ``getattr``)."""
+    cdef _Fields at = _fields
+    if at is None:
+        raise RuntimeError("no express lane was made yet")
+    me = connection
+    upstream = field(me, at.conn, at.conn_upstream, "_upstream")
+    header = field(me, at.conn, at.conn_produce_header, "_produce_header")
+    reader = me._reader
+    read = {
+        "closed": field(me, at.conn, at.conn_closed, "closed"),
+        "principal": field(me, at.conn, at.conn_principal, "principal"),
+        "_produce_header": header,
+        "_upstream": upstream,
+        "transport": field(me, at.conn, at.conn_transport, "transport"),
+        "last_active_s": field(me, at.conn, at.conn_last_active_s, "last_active_s"),
+        "_reader._big": field(reader, at.reader, at.reader_big, "_big"),
+        "_reader._pending": field(reader, at.reader, at.reader_pending, "_pending"),
+        "_order_guard.withheld": field(
+            me._order_guard, at.guard, at.guard_withheld, "withheld"
+        ),
+    }
+    if header is not None:
+        read["_produce_header.header_bytes"] = field(
+            header, at.header, at.header_bytes, "header_bytes"
+        )
+        read["_produce_header.api_version"] = field(
+            header, at.header, at.header_api_version, "api_version"
+        )
+        read["_produce_header.after_correlation_id"] = field(
+            header, at.header, at.header_after_correlation_id, "after_correlation_id"
+        )
+    if upstream is not None:
+        decoder = field(upstream, at.upstream, at.upstream_decoder, "_decoder")
+        read["_upstream.transport"] = field(
+            upstream, at.upstream, at.upstream_transport, "transport"
+        )
+        read["_upstream._decoder._buffered"] = field(
+            decoder, at.decoder, at.decoder_buffered, "_buffered"
+        )
+    return read
+
+
+cdef inline void _touch(object me, _Fields at) except *:
+    """``me.last_active_s = time.monotonic()`` (its idle timeout starts again)."""
+    now_s = _now_ns(CLOCK_MONOTONIC) / 1e9
+    if type(me) is at.conn:
+        put(me, at.conn_last_active_s, now_s)
+    else:
+        me.last_active_s = now_s
+
+
 cdef class ExpressLane:
     """A ``ClientConnection``'s reads and its broker's answers while the connection's Python
     path holds nothing (see the module docstring)."""
@@ -141,6 +249,7 @@ cdef class ExpressLane:
     cdef object _x_sasl, _x_gate, _x_held
     # The context's Gatekeeper and its quota manager: made with the server, never replaced.
     cdef object _x_gatekeeper, _x_quota
+    cdef _Fields _at
     #: Requests the lane took, since the connection opened (tests and the twin harness).
     cdef readonly long long requests_taken
     #: PIDs the lane's quota question admitted as new, since the connection opened (the same).
@@ -173,7 +282,11 @@ cdef class ExpressLane:
     def __init__(self, connection):
         """``connection``'s lane; made at the end of its __init__ (its fields are set)."""
         cdef int index
+        global _fields
         me = self._conn = connection
+        if _fields is None:
+            _fields = _Fields(type(connection))
+        self._at = _fields
         proxy = me._settings.proxy
         cdef bytearray scratch = me._context.read_scratch
         cdef int max_in_flight_requests = proxy.max_in_flight_requests
@@ -243,6 +356,7 @@ cdef class ExpressLane:
 
     def upstream_reader(self, upstream):
         """What ``upstream.data_received`` is on the compiled path."""
+        self._at.learn_upstream(type(upstream))
         return UpstreamReader(self, upstream)
 
     def spill(self):
@@ -267,14 +381,15 @@ cdef class ExpressLane:
 
     def get_buffer(self, Py_ssize_t sizehint):
         # The shared scratch buffer unless the reader fills a big frame of its own (FrameReader).
-        if self._x_reader._big is None:
+        cdef _Fields at = self._at
+        if field(self._x_reader, at.reader, at.reader_big, "_big") is None:
             return self._scratch_view
         return self._x_reader.get_buffer()
 
     def buffer_updated(self, Py_ssize_t nbytes):
         me = self._conn
         if self._lane_open(me) and self._take_read(me, nbytes):
-            me.last_active_s = _now_ns(CLOCK_MONOTONIC) / 1e9
+            _touch(me, self._at)
             return
         if self._ring_count:
             self.spill()
@@ -285,24 +400,32 @@ cdef class ExpressLane:
     cdef bint _lane_open(self, object me) except -1:
         """The Python path holds nothing that a read must meet first (or only Produce
         requests awaiting the broker's plain answer, which the lane takes over)."""
+        cdef _Fields at = self._at
         if self._ring_capacity == 0 or self._x_held or self._x_inbox:
             return False
         if self._x_slots and self._ring_count:
             return False  # ring entries are older than every slot: never both (see _absorb)
-        if me.closed or me.principal is None or me._produce_header is None:
+        if (
+            field(me, at.conn, at.conn_closed, "closed")
+            or field(me, at.conn, at.conn_principal, "principal") is None
+            or field(me, at.conn, at.conn_produce_header, "_produce_header") is None
+        ):
             return False
-        upstream = me._upstream
+        upstream = field(me, at.conn, at.conn_upstream, "_upstream")
         if upstream is None:
             return False
         reader = self._x_reader
-        if reader._big is not None or reader._pending:
+        if (
+            field(reader, at.reader, at.reader_big, "_big") is not None
+            or field(reader, at.reader, at.reader_pending, "_pending")
+        ):
             return False
-        if self._x_order_guard.withheld:
+        if field(self._x_order_guard, at.guard, at.guard_withheld, "withheld"):
             return False
         sasl = self._x_sasl
         if sasl is not None and sasl.expects_raw_tokens:
             return False
-        transport = upstream.transport
+        transport = field(upstream, at.upstream, at.upstream_transport, "transport")
         return transport is not None and not transport.is_closing()
 
     cdef bint _absorb(self) except -1:
@@ -354,10 +477,13 @@ cdef class ExpressLane:
         if nbytes > PyByteArray_GET_SIZE(scratch) or nbytes < 0:
             return False
         p = <const uint8_t*>PyByteArray_AS_STRING(scratch)
-        header = me._produce_header
-        header_bytes = header.header_bytes
-        header_version = header.api_version
-        after_correlation_id = header.after_correlation_id
+        cdef _Fields at = self._at
+        header = field(me, at.conn, at.conn_produce_header, "_produce_header")
+        header_bytes = field(header, at.header, at.header_bytes, "header_bytes")
+        header_version = field(header, at.header, at.header_api_version, "api_version")
+        after_correlation_id = field(
+            header, at.header, at.header_after_correlation_id, "after_correlation_id"
+        )
         after_bytes = PyBytes_GET_SIZE(after_correlation_id)
         if header_bytes != REQUEST_HEADER_FIXED + after_bytes:
             return False
@@ -396,7 +522,9 @@ cdef class ExpressLane:
                     if singles is None:
                         singles = []
                     singles.append((pos + SIZE_PREFIX, size, producer_ids))
-                elif not self._known(me.principal, producer_ids, now_ms):
+                elif not self._known(
+                    field(me, at.conn, at.conn_principal, "principal"), producer_ids, now_ms
+                ):
                     return False
             position = (self._ring_head + owed + taken) % self._ring_capacity
             self._ring_correlation_id[position] = _i32(frame + 4)
@@ -419,7 +547,10 @@ cdef class ExpressLane:
         self._requests += taken
         self.requests_taken += taken
         self._request_bytes += taken_bytes
-        me._upstream.transport.write(PyBytes_FromStringAndSize(<const char*>p, pos))
+        upstream = field(me, at.conn, at.conn_upstream, "_upstream")
+        field(upstream, at.upstream, at.upstream_transport, "transport").write(
+            PyBytes_FromStringAndSize(<const char*>p, pos)
+        )
         tail = nbytes - pos
         if tail:
             # The start of a frame: to the front, for the Python reader (it zeroes it).
@@ -455,7 +586,8 @@ cdef class ExpressLane:
         the second finds it cached)."""
         gatekeeper = self._x_gatekeeper
         quota = self._x_quota
-        principal = me.principal
+        cdef _Fields at = self._at
+        principal = field(me, at.conn, at.conn_principal, "principal")
         cdef Py_ssize_t offset, size
         context = None
         gatekeeper.decided_at_ms = now_ms
@@ -523,8 +655,11 @@ cdef class ExpressLane:
         self._ring_head = (self._ring_head + taken) % self._ring_capacity
         self._ring_count -= taken
         self._response_bytes += response_bytes
-        me.transport.write(data if pos == n else PyBytes_FromStringAndSize(<const char*>p, pos))
-        me.last_active_s = _now_ns(CLOCK_MONOTONIC) / 1e9
+        cdef _Fields at = self._at
+        field(me, at.conn, at.conn_transport, "transport").write(
+            data if pos == n else PyBytes_FromStringAndSize(<const char*>p, pos)
+        )
+        _touch(me, at)
         return True
 
 
@@ -541,6 +676,7 @@ cdef class UpstreamReader:
 
     def __call__(self, data):
         cdef ExpressLane lane = self.lane
+        cdef _Fields at = lane._at
         cdef Py_ssize_t n, pos
         upstream = self.upstream
         me = lane._conn
@@ -549,9 +685,12 @@ cdef class UpstreamReader:
             and type(data) is bytes
             and not lane._x_slots
             and not lane._x_inbox
-            and not me.closed
-            and me.transport is not None
-            and not upstream._decoder._buffered
+            and not field(me, at.conn, at.conn_closed, "closed")
+            and field(me, at.conn, at.conn_transport, "transport") is not None
+            and not field(
+                field(upstream, at.upstream, at.upstream_decoder, "_decoder"),
+                at.decoder, at.decoder_buffered, "_buffered",
+            )
             and lane._take_answers(me, data)
         ):
             n = PyBytes_GET_SIZE(data)

@@ -78,12 +78,55 @@ class ClientConnection(asyncio.BufferedProtocol):
     On the compiled path it holds an express lane (``_express.ExpressLane``) whose
     ``get_buffer`` and ``buffer_updated`` are its own: the steady state of a busy producer
     (known PIDs, nothing held) read and answered in C, every other read handed to the Python
-    path below (``_read``) exactly as it came."""
+    path below (``_read``) exactly as it came.
+
+    Its fields are slots: the lane reads the few it needs at their offsets (issue #25: a name
+    lookup from C costs several cache misses each, and a profile put more of a request's time
+    in CPython's attribute lookup than in any function of pidgate's), and the Python path's
+    reads of them are as fast as an instance dict's."""
+
+    __slots__ = (
+        "_acks0_ids",
+        "_awaiting_upstream",
+        "_connect_task",
+        "_context",
+        "_gate",
+        "_inbox",
+        "_lane",
+        "_order_guard",
+        "_produce_context",
+        "_produce_gate",
+        "_produce_header",
+        "_reader",
+        "_responses",
+        "_sasl",
+        "_settings",
+        "_slots",
+        "_upstream",
+        "_upstream_targets",
+        "_watch",
+        "buffer_updated",
+        "client_id",
+        "client_software",
+        "closed",
+        "fail_upstream",
+        "get_buffer",
+        "last_active_s",
+        "node_id",
+        "on_upstream_frames",
+        "peer",
+        "principal",
+        "transport",
+    )
 
     #: The broker's frames and failures go straight to the response path: no call in between
     #: on the per-response path (``UpstreamConnection`` calls these).
     on_upstream_frames: Callable[[list[bytes]], None]
     fail_upstream: Callable[[str, str], None]
+    #: The event loop's BufferedProtocol calls, bound once: the express lane's own where it
+    #: runs (it reads first), else the Python path's (``_lend_buffer``, ``_read``).
+    get_buffer: Callable[[int], memoryview]  # type: ignore[assignment]
+    buffer_updated: Callable[[int], None]  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -132,8 +175,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         if EXPRESS_LANE:
             # The event loop binds these when it makes the transport: the lane reads first.
             express: Any = self._lane
-            self.get_buffer = express.get_buffer  # type: ignore[method-assign]
-            self.buffer_updated = express.buffer_updated  # type: ignore[method-assign]
+            self.get_buffer = express.get_buffer
+            self.buffer_updated = express.buffer_updated
+        else:
+            self.get_buffer = self._lend_buffer
+            self.buffer_updated = self._read
 
     # -- asyncio.Protocol (client side) ------------------------------------------------------
 
@@ -188,11 +234,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         if frames:
             self._inbox.extend(frames)
         self.process_inbox()
-
-    # The Python path's (an express lane, where one runs, takes the connection's reads first
-    # and hands these what it does not take).
-    get_buffer = _lend_buffer
-    buffer_updated = _read
 
     def data_received(self, data: bytes) -> None:
         """``data`` as a plain Protocol would get it (benchmarks and tests without a loop)."""
