@@ -113,6 +113,9 @@ def _by_name(conn: Any) -> dict[str, Any]:
         "_produce_header.after_correlation_id": header.after_correlation_id,
         "_upstream.transport": upstream.transport,
         "_upstream._decoder._buffered": upstream._decoder._buffered,
+        "client_id": conn.client_id,
+        "_produce_context": conn._produce_context,
+        "_produce_context.client_id": conn._produce_context.client_id,
     }
 
 

@@ -60,34 +60,40 @@ from dataclasses import MISSING, fields
 
 from pidgate.protocol.framing import FrameDecoder, FrameReader
 from pidgate.proxy.operations.metric_families import LATENCY_BUCKETS_S
-from pidgate.proxy.quota_control.admission import UNREAD_REQUEST
+from pidgate.proxy.quota_control.admission import UNREAD_REQUEST, ProduceContext
 from pidgate.proxy.serving.ordering import ProduceOrderGuard
 from pidgate.proxy.serving.records import PRODUCE, LazySummary, ProduceHeader, Slot
 from pidgate.quota.manager import Admitted
 
 
-cdef extern from "Python.h":
-    int PyObject_GenericSetAttr(object target, object name, object value) except -1
-
 #: Admitted's fields after the first two, with their defaults (read from the dataclass, so a
 #: field added there is set here too).
 _ADMITTED_DEFAULTS = tuple(
-    (field.name, field.default) for field in fields(Admitted)[2:] if field.default is not MISSING
+    (each.name, each.default) for each in fields(Admitted)[2:] if each.default is not MISSING
 )
 if len(_ADMITTED_DEFAULTS) != len(fields(Admitted)) - 2:
     raise TypeError("Admitted has a field past refreshed_count without a default")
+cdef Py_ssize_t _ADMITTED_NEW = slot_offset(Admitted, "new_producer_ids")
+cdef Py_ssize_t _ADMITTED_REFRESHED = slot_offset(Admitted, "refreshed_count")
+#: (offset, default) of those fields' slots.
+cdef tuple _ADMITTED_DEFAULT_SLOTS = tuple(
+    (slot_offset(Admitted, name), default) for name, default in _ADMITTED_DEFAULTS
+)
+_new_object = object.__new__
 
 
 cdef object _admitted(tuple new_producer_ids):
-    """``Admitted(new_producer_ids, 0)``, its slots set as ``object.__setattr__`` would: the
-    frozen dataclass's own ``__init__`` makes five interpreted ``object.__setattr__`` calls,
-    half a microsecond per new PID (issue #25's profile). Equal to the one ``__init__`` makes,
-    field by field (tests/proxy/serving/test_express_choice.py)."""
-    decision = Admitted.__new__(Admitted)
-    PyObject_GenericSetAttr(decision, "new_producer_ids", new_producer_ids)
-    PyObject_GenericSetAttr(decision, "refreshed_count", 0)
-    for name, default in _ADMITTED_DEFAULTS:
-        PyObject_GenericSetAttr(decision, name, default)
+    """``Admitted(new_producer_ids, 0)``, its slots set where they are: the frozen dataclass's
+    own ``__init__`` makes five interpreted ``object.__setattr__`` calls, half a microsecond
+    per new PID (issue #25's profile), and setting them by name from here still looked each
+    name up. Equal to the one ``__init__`` makes, field by field
+    (tests/proxy/serving/test_express_choice.py)."""
+    cdef Py_ssize_t offset
+    decision = _new_object(Admitted)
+    put(decision, _ADMITTED_NEW, new_producer_ids)
+    put(decision, _ADMITTED_REFRESHED, 0)
+    for offset, default in _ADMITTED_DEFAULT_SLOTS:
+        put(decision, offset, default)
     return decision
 
 
@@ -135,9 +141,10 @@ cdef class _Fields:
     order guard or broker side of another class (one without slots: a stand-in in a test) is
     read by name: its class here stays None."""
 
-    cdef type conn, reader, guard, header, decoder, upstream
+    cdef type conn, reader, guard, header, decoder, upstream, context
     cdef Py_ssize_t conn_closed, conn_principal, conn_produce_header, conn_upstream
-    cdef Py_ssize_t conn_transport, conn_last_active_s
+    cdef Py_ssize_t conn_transport, conn_last_active_s, conn_produce_context, conn_client_id
+    cdef Py_ssize_t context_client_id
     cdef Py_ssize_t reader_big, reader_pending, guard_withheld
     cdef Py_ssize_t header_bytes, header_api_version, header_after_correlation_id
     cdef Py_ssize_t decoder_buffered, upstream_transport, upstream_decoder
@@ -150,6 +157,8 @@ cdef class _Fields:
             self.conn_upstream = slot_offset(connection_class, "_upstream")
             self.conn_transport = slot_offset(connection_class, "transport")
             self.conn_last_active_s = slot_offset(connection_class, "last_active_s")
+            self.conn_produce_context = slot_offset(connection_class, "_produce_context")
+            self.conn_client_id = slot_offset(connection_class, "client_id")
             self.conn = connection_class
         except TypeError:
             self.conn = None
@@ -164,6 +173,8 @@ cdef class _Fields:
         self.header = ProduceHeader
         self.decoder_buffered = slot_offset(FrameDecoder, "_buffered")
         self.decoder = FrameDecoder
+        self.context_client_id = slot_offset(ProduceContext, "client_id")
+        self.context = ProduceContext
 
     cdef learn_upstream(self, type upstream_class):
         """The broker side's class, met when the first one is made (the lane must not import
@@ -203,7 +214,15 @@ def read_fields(connection) -> dict:
         "_order_guard.withheld": field(
             me._order_guard, at.guard, at.guard_withheld, "withheld"
         ),
+        "client_id": field(me, at.conn, at.conn_client_id, "client_id"),
     }
+    context = read["_produce_context"] = field(
+        me, at.conn, at.conn_produce_context, "_produce_context"
+    )
+    if context is not None:
+        read["_produce_context.client_id"] = field(
+            context, at.context, at.context_client_id, "client_id"
+        )
     if header is not None:
         read["_produce_header.header_bytes"] = field(
             header, at.header, at.header_bytes, "header_bytes"
@@ -223,6 +242,17 @@ def read_fields(connection) -> dict:
             decoder, at.decoder, at.decoder_buffered, "_buffered"
         )
     return read
+
+
+cdef object _produce_context(object me, _Fields at):
+    """``me.produce_context()``, its frame spared while the context made for the connection's
+    client_id still holds (the observers are told a new PID's admission with it)."""
+    context = field(me, at.conn, at.conn_produce_context, "_produce_context")
+    if context is None or field(
+        context, at.context, at.context_client_id, "client_id"
+    ) != field(me, at.conn, at.conn_client_id, "client_id"):
+        return me.produce_context()
+    return context
 
 
 cdef inline void _touch(object me, _Fields at) except *:
@@ -601,7 +631,7 @@ cdef class ExpressLane:
             if new_producer_ids:
                 self.new_producer_ids_admitted += len(new_producer_ids)
                 if context is None:
-                    context = me.produce_context()
+                    context = _produce_context(me, at)
                 if gatekeeper.reads_requests:
                     # A copy: the scratch buffer is zeroed once the read is consumed.
                     body = PyBytes_FromStringAndSize(
