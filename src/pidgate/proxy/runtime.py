@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 from collections.abc import Callable, Sequence
 
@@ -39,16 +38,6 @@ def _reload(server: ProxyServer, reload_settings: Callable[[], Settings]) -> Non
     server.reload(settings)
 
 
-def freeze_startup_objects() -> None:
-    """Move every object alive once the server listens (modules, settings, the quota's tables:
-    tens of thousands) out of the cyclic garbage collector's reach, their garbage collected
-    first. They live as long as the process, yet each full collection walked them all: a
-    profile of ``pidgate serve`` under a storm of new PIDs put 2-3 µs of every request in the
-    collector (issue #25). Objects made later are collected as before."""
-    gc.collect()
-    gc.freeze()
-
-
 async def serve_until_signalled(
     server: ProxyServer, reload_settings: Callable[[], Settings] | None = None
 ) -> None:
@@ -60,7 +49,6 @@ async def serve_until_signalled(
         loop.add_signal_handler(signal.SIGHUP, _reload, server, reload_settings)
     try:
         await server.start()
-        freeze_startup_objects()
         await stop.wait()
         get_logger().info("shutdown_requested", grace_ms=server.settings.proxy.shutdown_grace_ms)
     finally:
