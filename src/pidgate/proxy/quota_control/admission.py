@@ -209,20 +209,17 @@ class Gatekeeper:
                 or decision.grandfathered_producer_ids
             )
         if told:
-            self._tell(context, decision, summarize)
+            self.tell(context, decision, summarize)
         return decision
 
-    def tell_admitted_new(
+    def tell(
         self,
         context: ProduceContext,
-        decision: Admitted,
+        decision: Decision,
         summarize: Callable[[], ProduceRequestSummary],
     ) -> None:
-        """The quota admitted ``decision.new_producer_ids`` as new (``decision`` is
-        ``Admitted(new_producer_ids, 0)``), asked by the express lane
-        (``QuotaManager.admit_single``, at ``decided_at_ms``): the observers learn it as
-        :meth:`check_producer_ids` would have told them (:meth:`_tell`, inline: one frame
-        fewer for every new PID the lane admits)."""
+        """Tell the observers a decision the quota made (so the last decision did not fail);
+        ``summarize`` is asked for the request's summary only when one of them reads it."""
         self.last_decision_failed = False
         if not self._observers:
             return
@@ -233,18 +230,11 @@ class Gatekeeper:
             except Exception as error:
                 self._observer_failed(observer, error)
 
-    def _tell(
-        self,
-        context: ProduceContext,
-        decision: Decision,
-        summarize: Callable[[], ProduceRequestSummary],
-    ) -> None:
-        request = summarize() if self.reads_requests else UNREAD_REQUEST
-        for observer in self._observers:
-            try:
-                observer.on_decision(context, request, decision)
-            except Exception as error:
-                self._observer_failed(observer, error)
+    #: What the express lane calls for a new PID it admitted through
+    #: ``QuotaManager.admit_single`` at ``decided_at_ms`` (``decision`` is
+    #: ``Admitted(new_producer_ids, 0)``): the observers learn it as :meth:`check_producer_ids`
+    #: would have told them, in one frame.
+    tell_admitted_new = tell
 
     def _observer_failed(self, observer: object, error: Exception) -> None:
         # Observers (logs, metrics, event log) never change what happens to the request.
